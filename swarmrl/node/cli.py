@@ -1,0 +1,202 @@
+"""`swarmrl`: one entrypoint per role, plus the submitter's commands and the local swarm.
+
+    swarmrl keygen KEYFILE
+    swarmrl bootstrap|trainer|worker|validator [--config FILE] [-o key=value ...] [--dry-run]
+    swarmrl submit JOB.toml --trainer HOST:PORT
+    swarmrl status JOB --trainer HOST:PORT
+    swarmrl fetch JOB --trainer HOST:PORT --out DIR
+    swarmrl up [--model tiny|gemma] [--steps N] [--workers K] [--out DIR]
+    swarmrl eval --adapter DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ValidationError
+
+from swarmrl.node import config as cfgmod
+
+
+def _role_parser(sub: argparse._SubParsersAction, name: str, help_: str) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, help=help_)
+    p.add_argument("--config", type=Path, help="TOML config file")
+    p.add_argument("-o", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field (dotted keys, JSON values), repeatable")
+    p.add_argument("--initial-peers", nargs="*", default=None, metavar="MADDR", help="DHT peers to join")
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config and exit")
+    return p
+
+
+def _resolve(cls: type[BaseModel], args: argparse.Namespace) -> BaseModel:
+    overrides = list(args.overrides)
+    if args.initial_peers is not None:
+        overrides.append(f"net.initial_peers={json.dumps(args.initial_peers)}")
+    return cfgmod.load_config(cls, args.config, overrides)
+
+
+ROLES = {
+    "bootstrap": (cfgmod.BootstrapConfig, "swarmrl.node.bootstrap", "a DHT peer others join through"),
+    "trainer": (cfgmod.TrainerConfig, "swarmrl.node.trainer.main", "host jobs: leases, admission, GRPO steps"),
+    "worker": (cfgmod.WorkerConfig, "swarmrl.node.worker.main", "generate, grade, sign and submit rollouts"),
+    "validator": (cfgmod.ValidatorConfig, "swarmrl.validator.main", "re-check rollouts, score peers"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="swarmrl", description="peer-to-peer LoRA GRPO post-training")
+    sub = parser.add_subparsers(dest="command", required=True)
+    k = sub.add_parser("keygen", help="create an Ed25519 key file (mode 0600) and print its peer id")
+    k.add_argument("path", type=Path)
+    for name, (_, _, help_) in ROLES.items():
+        _role_parser(sub, name, help_)
+    s = sub.add_parser("submit", help="sign and submit a job TOML to a trainer")
+    s.add_argument("job", type=Path)
+    s.add_argument("--trainer", required=True, metavar="HOST:PORT")
+    s.add_argument("--key", type=Path, default=Path("keys/submitter.key"))
+    s.add_argument("--cache-dir", type=Path)
+    st = sub.add_parser("status", help="show a job's progress and peers")
+    st.add_argument("job_id")
+    st.add_argument("--trainer", required=True, metavar="HOST:PORT")
+    st.add_argument("--history", type=int, default=10)
+    st.add_argument("--json", action="store_true")
+    f = sub.add_parser("fetch", help="download a job's adapter in PEFT format")
+    f.add_argument("job_id")
+    f.add_argument("--trainer", required=True, metavar="HOST:PORT")
+    f.add_argument("--out", type=Path, required=True)
+    f.add_argument("--cache-dir", type=Path)
+    up = sub.add_parser("up", help="run a whole local swarm on 127.0.0.1 and train the built-in job")
+    up.add_argument("--model", default="gemma", help="tiny | gemma (google/gemma-3-270m)")
+    up.add_argument("--steps", type=int)
+    up.add_argument("--workers", type=int, default=2)
+    up.add_argument("--out", type=Path, default=Path("runs/latest"))
+    up.add_argument("--loss", choices=["grpo", "dapo", "dr_grpo", "gspo", "cispo"])
+    up.add_argument("--max-async-level", type=int)
+    up.add_argument("--seed", type=int, default=0)
+    up.add_argument("--cache-dir", type=Path)
+    up.add_argument("--timeout", type=float, default=3600.0, help="seconds before giving up")
+    up.add_argument("--threads", default="", help="per role, e.g. trainer=2,worker=1")
+    up.add_argument("--red-team", default="", help="adversarial worker modes, comma-separated")
+    up.add_argument("-j", "--job", dest="job_overrides", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a built-in job field (JSON values), repeatable")
+    e = sub.add_parser("eval", help="held-out greedy accuracy: base model vs adapter")
+    e.add_argument("--adapter", type=Path, required=True)
+    e.add_argument("--model", default=None, help="base model (default: from the adapter's config)")
+    e.add_argument("--n", type=int, default=200)
+    e.add_argument("--cache-dir", type=Path)
+    return parser
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    from swarmrl.protocol.identity import Identity
+
+    ident = Identity.generate()
+    ident.save(args.path)
+    print(ident.peer_id)
+    return 0
+
+
+def cmd_role(args: argparse.Namespace) -> int:
+    import importlib
+
+    cls, module, _ = ROLES[args.command]
+    cfg = _resolve(cls, args)
+    if args.dry_run:
+        print(cfgmod.dump_config(cfg))
+        return 0
+    importlib.import_module(module).run(cfg)
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from swarmrl.node.jobs import builtin_job
+    from swarmrl.node.submitter import submit_job
+    from swarmrl.protocol.identity import Identity
+
+    data = tomllib.loads(args.job.read_text())
+    model = data.pop("base_model", "tiny")
+    spec = builtin_job(model, args.cache_dir, **data)
+    job_id = submit_job(args.trainer, Identity.load_or_create(args.key), spec)
+    print(job_id)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from google.protobuf.json_format import MessageToDict
+    from rich.console import Console
+    from rich.table import Table
+
+    from swarmrl.node.submitter import job_status
+
+    st = job_status(args.trainer, args.job_id, history=args.history)
+    if args.json:
+        print(json.dumps(MessageToDict(st), indent=2))
+        return 0
+    console = Console()
+    console.print(f"job {st.job_id}: {st.state}, step {st.step}/{st.total_steps}, version {st.policy_version}, "
+                  f"admitted {st.groups_admitted}, dropped {st.groups_dropped}, rejected {dict(st.groups_rejected)}, "
+                  f"validator checked {st.validator_checked} failed {st.validator_failed}")
+    steps = Table("step", "reward", "loss", "staleness", "admitted", "rejected", "seconds", title="recent steps")
+    for h in st.history:
+        steps.add_row(str(h.step), f"{h.reward_mean:.3f}", f"{h.loss:.4f}", f"{h.staleness_mean:.2f}",
+                      str(h.groups_admitted), str(h.groups_rejected), f"{h.seconds:.1f}")
+    console.print(steps)
+    peers = Table("peer", "admitted", "rejected", "reputation", "banned", title="peers")
+    for p in st.peers:
+        peers.add_row(p.peer_id, str(p.groups_admitted), str(p.groups_rejected), f"{p.reputation:.2f}",
+                      p.ban_reason if p.banned else "")
+    console.print(peers)
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from swarmrl.node.submitter import fetch_job_adapter
+
+    version, h = fetch_job_adapter(args.trainer, args.job_id, args.out, args.cache_dir)
+    print(f"adapter version {version} (sha256 {h.hex()}) written to {args.out}")
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from swarmrl.node.local import UpOptions, run_up
+
+    threads = dict((k, int(v)) for k, v in (p.split("=") for p in args.threads.split(",") if p))
+    job = dict(cfgmod.parse_override(o) for o in args.job_overrides)
+    opts = UpOptions(out=args.out, model=args.model, steps=args.steps, workers=args.workers, loss=args.loss,
+                     max_async_level=args.max_async_level, seed=args.seed, cache_dir=args.cache_dir,
+                     threads=threads, timeout_s=args.timeout,
+                     red_team=[m for m in args.red_team.split(",") if m],
+                     job_overrides={".".join(k): v for k, v in job.items()})
+    run_up(opts)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from swarmrl.node.evaluate import run_eval
+
+    run_eval(args.adapter, model=args.model, n=args.n, cache_dir=args.cache_dir)
+    return 0
+
+
+COMMANDS = {"keygen": cmd_keygen, "submit": cmd_submit, "status": cmd_status, "fetch": cmd_fetch, "up": cmd_up,
+            "eval": cmd_eval, **{r: cmd_role for r in ROLES}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        os.environ.setdefault(var, "1")  # models are prepared locally; never reach for a hub
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (ValidationError, ValueError, FileExistsError) as exc:
+        print(f"swarmrl {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The engine-neutral inference interface: one base model, one LoRA adapter slot per job.
+
+Legend: B = prompts in a call, n = completions per prompt (the GRPO group size G), T = tokens of
+one completion.
+
+A backend samples `n` completions for each prompt and reports, for every sampled token, the
+log-probability it was sampled with, `log_softmax(logits / temperature)[token]` in float32 (see
+`Sampling`). The trainer's importance ratios and the validator's re-check both recompute that
+number with `swarmrl.node.inference.scoring.completion_logprobs`, so every backend must report
+exactly that quantity.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import torch
+
+FinishReason = Literal["stop", "length"]
+
+
+class LoraShape(Protocol):
+    """The engine-neutral shape of a LoRA adapter (e.g. `protocol.jobspec.LoraSpec`)."""
+
+    rank: int
+    alpha: int
+    dropout: float
+    target_modules: str | tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling parameters of one `generate` call.
+
+    n: completions per prompt (the group size G), >= 1.
+    max_new_tokens: completion length cap in tokens, >= 1.
+    temperature: softmax temperature, >= 0; 0 means greedy decoding (argmax), and the reported
+        log-probs are then those of the untempered distribution (temperature 1).
+    top_p: nucleus sampling mass in (0, 1]. The reported log-probs ignore it: they are always
+        `log_softmax(logits / temperature)` over the full vocabulary.
+    stop: stop strings; a completion ends right after the token that completes the first
+        occurrence of any of them in the completion's decoded text (that token is kept).
+    seed: makes sampling reproducible for the same prompts, parameters, adapter and backend;
+        None draws from the process's global RNG.
+    """
+
+    n: int
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not self.temperature >= 0.0:  # also rejects NaN
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if isinstance(self.stop, str) or any(not isinstance(s, str) or not s for s in self.stop):
+            raise ValueError(f"stop must be a tuple of non-empty strings, got {self.stop!r}")
+
+
+@dataclass
+class SampledCompletion:
+    """One sampled completion.
+
+    token_ids: exactly the sampled ids, including the EOS or stop-string-completing token and
+        nothing after it (never padding).
+    logprobs: float32 sampling log-prob of each token, `log_softmax(logits / T)[token]`; same
+        length as `token_ids`.
+    finish_reason: "stop" (EOS sampled or a stop string completed) or "length".
+    text: `tokenizer.decode(token_ids, skip_special_tokens=True)`.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    text: str
+
+
+class InferenceBackend(ABC):
+    """One base model loaded once, with named LoRA adapter slots (one per job).
+
+    `tokenizer` is the base model's tokenizer and `vocab_size` the size of the model's output
+    vocabulary (token ids are in `[0, vocab_size)`).
+    """
+
+    tokenizer: Any
+    vocab_size: int
+
+    @abstractmethod
+    def add_slot(self, name: str, lora: LoraShape) -> None:
+        """Create adapter slot `name` with LoRA shape `lora` (its LoRA update starts at zero, so
+        it samples like the base model until `set_adapter`). No-op if the slot exists with the
+        same shape; ValueError if it exists with another shape or the name is reserved.
+        """
+
+    @abstractmethod
+    def set_adapter(self, name: str, state: dict[str, torch.Tensor]) -> None:
+        """Load or replace the LoRA tensors of slot `name`.
+
+        `state` is keyed as `peft.get_peft_model_state_dict` returns it (what
+        `adapter_model.safetensors` holds), creating the slot with a backend default shape if
+        `add_slot` didn't. After the call the slot's tensors equal `state` bit for bit. Raises
+        ValueError on missing/unexpected keys, wrong shapes, non-finite values or a dtype the
+        slot cannot hold exactly.
+        """
+
+    @abstractmethod
+    def remove_adapter(self, name: str) -> None:
+        """Free slot `name`. Raises KeyError if there is no such slot."""
+
+    @abstractmethod
+    def generate(
+        self, prompt_token_ids: list[list[int]], sampling: Sampling, adapter: str | None = None
+    ) -> list[list[SampledCompletion]]:
+        """Sample `sampling.n` completions for each prompt; result indexed [prompt][n].
+
+        `adapter` names a slot set with `set_adapter`; None samples from the base model.
+        Raises ValueError on empty prompts, out-of-vocabulary ids and KeyError on an unknown
+        adapter.
+        """

@@ -1,0 +1,218 @@
+"""Log-probs of given completion tokens under a causal LM, in one prefill (trainer and validator).
+
+Legend: B = sequences, L = padded prompt+completion length, T = longest completion, H = hidden
+size, V = vocabulary, N = completion tokens of the batch (sum of completion lengths).
+
+The decoder runs once over each left-padded prompt+completion; the LM head runs only at the N
+positions that predict completion tokens (Gemma's 262k-token head over every position would
+dominate the cost). Log-probs are `log_softmax(logits.float() / temperature)` at the given
+tokens (`tempered_log_softmax`, the function the HF sampler applies to its raw logits), so a
+sampled completion scored here reproduces its sampling log-probs up to floating-point reduction
+order: within ~2e-5 in fp32; in bf16 the logits themselves are rounded to bf16 (a step of
+0.125-0.25 at |logit| 16-64), and Gemma 3 270M showed mean 0.03 / max 0.23 nats.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+DEFAULT_HEAD_CHUNK_TOKENS = 512  # N-chunk of the LM head + log_softmax: 512 x 262k fp32 = 0.5 GiB
+
+
+def tempered_log_softmax(logits_NV: torch.Tensor, temperature: float) -> torch.Tensor:
+    """`log_softmax(logits.float() / temperature)` over the last dim, float32, shape [N, V].
+
+    The one definition of a sampling log-prob (sampler and scorer both call it). Temperature 0
+    (greedy) is scored at temperature 1. Raises ValueError on a negative temperature.
+    """
+    return F.log_softmax(logits_NV.float() / _effective_temperature(temperature), dim=-1)
+
+
+def token_logprobs(logits_NV: torch.Tensor, tokens_N: torch.Tensor, temperature: float) -> torch.Tensor:
+    """`tempered_log_softmax(logits, temperature)[n, tokens[n]]`, float32, shape [N]."""
+    logp_NV = tempered_log_softmax(logits_NV, temperature)
+    return logp_NV.gather(-1, tokens_N.long().unsqueeze(-1)).squeeze(-1)
+
+
+def completion_logprobs(
+    model: nn.Module,
+    prompt_ids_B: list[list[int]],
+    completion_ids_B: list[list[int]],
+    *,
+    temperature: float,
+    pad_id: int,
+    head_chunk_tokens: int = DEFAULT_HEAD_CHUNK_TOKENS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of `completion_ids_B[b]` after `prompt_ids_B[b]`, one forward pass.
+
+    model: a transformers causal LM or a peft model around one (its active adapter is used;
+        inside `disable_adapter()` the base model). Put it in eval mode unless you want LoRA
+        dropout in the scores.
+    Returns `(logprobs_BT, mask_BT)`: float32 log-probs right-padded with 0.0 to the longest
+    completion, and a bool mask of the real tokens. `logprobs_BT` is differentiable w.r.t. the
+    model's trainable parameters when grad is enabled (the LM head is then recomputed in
+    backward, per chunk of `head_chunk_tokens` positions, to bound memory).
+    Raises ValueError on mismatched batch sizes, empty prompts, out-of-vocabulary ids or a
+    negative temperature.
+    """
+    _check_inputs(model, prompt_ids_B, completion_ids_B, pad_id)
+    _effective_temperature(temperature)
+    device = _model_device(model)
+    input_ids_BL, attention_BL, position_BL = _left_pad(prompt_ids_B, completion_ids_B, pad_id, device)
+    rows_N, cols_N, tokens_N, mask_BT = _completion_positions(prompt_ids_B, completion_ids_B, device)
+    if tokens_N.numel() == 0:
+        return torch.zeros(mask_BT.shape, dtype=torch.float32, device=device), mask_BT
+    causal_lm = _causal_lm(model)
+    decoder = causal_lm.get_decoder()
+    hidden_BLH = decoder(
+        input_ids=input_ids_BL, attention_mask=attention_BL, position_ids=position_BL, use_cache=False
+    ).last_hidden_state
+    hidden_NH = hidden_BLH[rows_N, cols_N - 1]  # the position before a token predicts it
+    logprobs_N = _head_logprobs(causal_lm, hidden_NH, tokens_N, temperature, head_chunk_tokens)
+    logprobs_BT = torch.zeros(mask_BT.shape, dtype=torch.float32, device=device)
+    return logprobs_BT.masked_scatter(mask_BT, logprobs_N), mask_BT
+
+
+def completion_logprobs_chunked(
+    model: nn.Module,
+    prompt_ids_B: list[list[int]],
+    completion_ids_B: list[list[int]],
+    *,
+    temperature: float,
+    pad_id: int,
+    max_tokens_per_chunk: int,
+    head_chunk_tokens: int = DEFAULT_HEAD_CHUNK_TOKENS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`completion_logprobs` over consecutive groups of sequences, each group's padded size
+    (rows x longest prompt+completion) at most `max_tokens_per_chunk` (a longer single sequence
+    forms its own group). Same result and shapes as one call.
+
+    This bounds activation memory under `torch.no_grad()` (validator). With grad enabled every
+    group's graph is kept until backward; a trainer that must bound memory calls
+    `completion_logprobs` per group and runs backward per group instead.
+    Raises ValueError as `completion_logprobs` does, or on `max_tokens_per_chunk < 1`.
+    """
+    if max_tokens_per_chunk < 1:
+        raise ValueError(f"max_tokens_per_chunk must be >= 1, got {max_tokens_per_chunk}")
+    if len(prompt_ids_B) != len(completion_ids_B):
+        raise ValueError(f"{len(prompt_ids_B)} prompts but {len(completion_ids_B)} completions")
+    t_max = max((len(c) for c in completion_ids_B), default=0)
+    parts_lp, parts_mask = [], []
+    for lo, hi in _row_groups(prompt_ids_B, completion_ids_B, max_tokens_per_chunk):
+        lp_bT, mask_bT = completion_logprobs(
+            model, prompt_ids_B[lo:hi], completion_ids_B[lo:hi],
+            temperature=temperature, pad_id=pad_id, head_chunk_tokens=head_chunk_tokens,
+        )
+        parts_lp.append(F.pad(lp_bT, (0, t_max - lp_bT.shape[1])))
+        parts_mask.append(F.pad(mask_bT, (0, t_max - mask_bT.shape[1])))
+    if not parts_lp:
+        device = _model_device(model)
+        return torch.zeros((0, 0), device=device), torch.zeros((0, 0), dtype=torch.bool, device=device)
+    return torch.cat(parts_lp), torch.cat(parts_mask)
+
+
+def _effective_temperature(temperature: float) -> float:
+    if not temperature >= 0.0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    return temperature if temperature > 0.0 else 1.0
+
+
+def _causal_lm(model: nn.Module) -> nn.Module:
+    """The transformers model under a peft wrapper (LoRA layers are injected in place)."""
+    get_base = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _check_inputs(
+    model: nn.Module, prompt_ids_B: list[list[int]], completion_ids_B: list[list[int]], pad_id: int
+) -> None:
+    if len(prompt_ids_B) != len(completion_ids_B):
+        raise ValueError(f"{len(prompt_ids_B)} prompts but {len(completion_ids_B)} completions")
+    vocab = _causal_lm(model).get_input_embeddings().num_embeddings
+    if not 0 <= pad_id < vocab:
+        raise ValueError(f"pad_id {pad_id} outside the vocabulary [0, {vocab})")
+    for b, (p, c) in enumerate(zip(prompt_ids_B, completion_ids_B, strict=True)):
+        if not p:
+            raise ValueError(f"prompt {b} is empty")
+        if any(not 0 <= t < vocab for t in p) or any(not 0 <= t < vocab for t in c):
+            raise ValueError(f"sequence {b} has a token id outside the vocabulary [0, {vocab})")
+
+
+def _left_pad(
+    prompt_ids_B: list[list[int]], completion_ids_B: list[list[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded ids, attention mask and position ids (0 at each row's first real token)."""
+    seqs = [p + c for p, c in zip(prompt_ids_B, completion_ids_B, strict=True)]
+    length = max(len(s) for s in seqs)
+    input_ids_BL = torch.full((len(seqs), length), pad_id, dtype=torch.long)
+    attention_BL = torch.zeros((len(seqs), length), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        input_ids_BL[b, length - len(s):] = torch.tensor(s, dtype=torch.long)
+        attention_BL[b, length - len(s):] = 1
+    position_BL = (attention_BL.cumsum(-1) - 1).clamp(min=0)
+    return input_ids_BL.to(device), attention_BL.to(device), position_BL.to(device)
+
+
+def _completion_positions(
+    prompt_ids_B: list[list[int]], completion_ids_B: list[list[int]], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(row, column in the left-padded batch, token id) of every completion token, row-major,
+    and the right-padded [B, T] mask they fill in that order."""
+    length = max(len(p) + len(c) for p, c in zip(prompt_ids_B, completion_ids_B, strict=True))
+    t_max = max((len(c) for c in completion_ids_B), default=0)
+    rows, cols, tokens = [], [], []
+    mask_BT = torch.zeros((len(completion_ids_B), t_max), dtype=torch.bool)
+    for b, c in enumerate(completion_ids_B):
+        rows += [b] * len(c)
+        cols += range(length - len(c), length)
+        tokens += c
+        mask_BT[b, : len(c)] = True
+    as_long = lambda xs: torch.tensor(xs, dtype=torch.long, device=device)
+    return as_long(rows), as_long(cols), as_long(tokens), mask_BT.to(device)
+
+
+def _head_logprobs(
+    causal_lm: nn.Module, hidden_NH: torch.Tensor, tokens_N: torch.Tensor, temperature: float, chunk: int
+) -> torch.Tensor:
+    """LM head (+ Gemma's final logit soft-capping) and `token_logprobs`, `chunk` rows at a time."""
+    if chunk < 1:
+        raise ValueError(f"head_chunk_tokens must be >= 1, got {chunk}")
+    head = causal_lm.get_output_embeddings()
+    softcap = getattr(causal_lm.config, "final_logit_softcapping", None)
+
+    def one_chunk(h_nH: torch.Tensor, tok_n: torch.Tensor) -> torch.Tensor:
+        logits_nV = head(h_nH)
+        if softcap is not None:
+            logits_nV = torch.tanh(logits_nV / softcap) * softcap
+        return token_logprobs(logits_nV, tok_n, temperature)
+
+    recompute = torch.is_grad_enabled() and hidden_NH.requires_grad
+    parts = []
+    for lo in range(0, hidden_NH.shape[0], chunk):
+        h_nH, tok_n = hidden_NH[lo: lo + chunk], tokens_N[lo: lo + chunk]
+        parts.append(checkpoint(one_chunk, h_nH, tok_n, use_reentrant=False) if recompute else one_chunk(h_nH, tok_n))
+    return torch.cat(parts)
+
+
+def _row_groups(
+    prompt_ids_B: list[list[int]], completion_ids_B: list[list[int]], budget: int
+) -> list[tuple[int, int]]:
+    """Consecutive [lo, hi) row ranges whose padded size rows x longest row stays within budget."""
+    groups: list[tuple[int, int]] = []
+    lo, longest = 0, 0
+    for b, (p, c) in enumerate(zip(prompt_ids_B, completion_ids_B, strict=True)):
+        longest_with_b = max(longest, len(p) + len(c))
+        if b > lo and (b - lo + 1) * longest_with_b > budget:
+            groups.append((lo, b))
+            lo, longest_with_b = b, len(p) + len(c)
+        longest = longest_with_b
+    if len(prompt_ids_B) > lo:
+        groups.append((lo, len(prompt_ids_B)))
+    return groups

@@ -1,0 +1,298 @@
+"""`swarmrl up`: a whole swarm on 127.0.0.1 as separate OS processes, one job, live progress.
+
+Bootstrap -> trainer -> submit the job -> validator + workers -> follow the job -> fetch the
+adapter -> write metrics.csv, reward.png, summary.json -> stop everything.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from swarmrl.node.jobs import builtin_job
+from swarmrl.node.models import prepare_base_model, resolve_model_name
+from swarmrl.node.submitter import fetch_job_adapter, job_status, submit_job
+from swarmrl.protocol.identity import Identity
+from swarmrl.protocol.jobspec import JobSpec
+from swarmrl.protocol.pb import swarm_pb2 as pb
+
+console = Console(stderr=True)
+METRIC_COLUMNS = ("step", "policy_version", "reward_mean", "groups_admitted", "groups_rejected", "staleness_mean",
+                  "loss", "seconds")
+
+
+@dataclass
+class UpOptions:
+    """Everything `swarmrl up` takes from the command line."""
+
+    out: Path
+    model: str = "tiny"
+    steps: int | None = None
+    workers: int = 2
+    loss: str | None = None
+    max_async_level: int | None = None
+    seed: int = 0
+    cache_dir: Path | None = None
+    threads: dict[str, int] = field(default_factory=dict)
+    timeout_s: float = 3600.0
+    red_team: list[str] = field(default_factory=list)
+    job_overrides: dict = field(default_factory=dict)
+
+
+class SwarmFailed(RuntimeError):
+    """A process of the local swarm died or the job did not finish in time."""
+
+
+class LocalSwarm:
+    """The child processes of one local swarm, with their logs under `work/logs`."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.procs: dict[str, subprocess.Popen] = {}
+        (work / "logs").mkdir(parents=True, exist_ok=True)
+
+    def start(self, name: str, role: str, overrides: list[str], threads: int = 1) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+               "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
+               "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+        args = [sys.executable, "-m", "swarmrl.node.cli", role]
+        for o in overrides:
+            args += ["-o", o]
+        log = open(self.work / "logs" / f"{name}.log", "ab")
+        self.procs[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                            start_new_session=True)
+
+    def check_alive(self, names: list[str] | None = None) -> None:
+        for name in names or list(self.procs):
+            p = self.procs[name]
+            if p.poll() is not None:
+                raise SwarmFailed(f"{name} exited with code {p.returncode}:\n{self.tail(name)}")
+
+    def tail(self, name: str, lines: int = 30) -> str:
+        text = (self.work / "logs" / f"{name}.log").read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+    def wait_ready(self, name: str, path: Path, timeout_s: float = 180) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while not path.exists():
+            self.check_alive([name])
+            if time.monotonic() > deadline:
+                raise SwarmFailed(f"{name} not ready after {timeout_s:.0f}s:\n{self.tail(name)}")
+            time.sleep(0.2)
+        return json.loads(path.read_text())
+
+    def stop(self, name: str, timeout_s: float = 20) -> int | None:
+        p = self.procs[name]
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        return p.returncode
+
+    def stop_all(self) -> None:
+        for name in reversed(list(self.procs)):
+            self.stop(name)
+
+
+def run_up(opts: UpOptions) -> dict:
+    """Run the local swarm to the end of its job; returns the summary (also written to out/)."""
+    opts.out.mkdir(parents=True, exist_ok=True)
+    work = opts.out / "run"
+    shutil.rmtree(work, ignore_errors=True)  # a fresh swarm (keys, ledger, logs) every time
+    model = resolve_model_name(opts.model)
+    with console.status(f"preparing base model {model} (cached after the first run)"):
+        prepare_base_model(model, opts.cache_dir)
+        spec = builtin_job(model, opts.cache_dir, steps=opts.steps, seed=opts.seed,
+                           max_async_level=opts.max_async_level, **opts.job_overrides,
+                           **({"loss": {"variant": opts.loss}} if opts.loss else {}))
+    swarm = LocalSwarm(work)
+    try:
+        return _drive(swarm, spec, opts, work)
+    finally:
+        swarm.stop_all()
+
+
+def _keys(work: Path, names: list[str]) -> dict[str, Identity]:
+    return {n: Identity.load_or_create(work / "keys" / f"{n}.key") for n in names}
+
+
+def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path) -> dict:
+    workers = [f"worker{i}" for i in range(opts.workers)]
+    keys = _keys(work, ["submitter", "trainer", "validator", *workers])
+    cache = [f"cache_dir={json.dumps(str(opts.cache_dir))}"] if opts.cache_dir else []
+    swarm.start("bootstrap", "bootstrap", [f"ready_file={json.dumps(str(work / 'bootstrap.ready'))}"])
+    peers = swarm.wait_ready("bootstrap", work / "bootstrap.ready")["maddrs"]
+    net = [f"net.initial_peers={json.dumps(peers)}"]
+    swarm.start("trainer", "trainer", net + cache + [
+        f"key={json.dumps(str(work / 'keys/trainer.key'))}", f"state_dir={json.dumps(str(work / 'trainer'))}",
+        f"ready_file={json.dumps(str(work / 'trainer.ready'))}",
+        f"trusted_validators={json.dumps([keys['validator'].peer_id])}",
+        f"threads={opts.threads.get('trainer', 1)}"], threads=opts.threads.get("trainer", 1))
+    endpoint = swarm.wait_ready("trainer", work / "trainer.ready", timeout_s=300)["endpoint"]
+    swarm.start("validator", "validator", net + cache + [
+        f"key={json.dumps(str(work / 'keys/validator.key'))}", f"state_dir={json.dumps(str(work / 'validator'))}",
+        f"threads={opts.threads.get('validator', 1)}"], threads=opts.threads.get("validator", 1))
+    for w in workers:
+        swarm.start(w, "worker", net + cache + [
+            f"key={json.dumps(str(work / 'keys' / (w + '.key')))}", f"base_model={json.dumps(spec.base_model)}",
+            f"ready_file={json.dumps(str(work / (w + '.ready')))}", "exit_when_done=true",
+            f"threads={opts.threads.get('worker', 1)}"], threads=opts.threads.get("worker", 1))
+    with console.status(f"waiting for {len(workers)} workers to load {spec.base_model}"):
+        for w in workers:
+            swarm.wait_ready(w, work / f"{w}.ready", timeout_s=300)
+    with console.status("submitting the job (the trainer loads the model)"):
+        job_id = submit_job(endpoint, keys["submitter"], spec)
+    t0 = time.monotonic()
+    status = _follow(swarm, endpoint, job_id, spec, opts.timeout_s)
+    adapter_dir = opts.out / "adapter"
+    version, adapter_hash = fetch_job_adapter(endpoint, job_id, adapter_dir, opts.cache_dir)
+    workers_state = _wait_workers(swarm, workers, work)
+    status = _settle_validator(endpoint, job_id, spec)
+    summary = _summarize(status, spec, job_id, version, adapter_hash, workers_state, keys, time.monotonic() - t0)
+    _write_outputs(opts.out, status, summary)
+    _print_summary(summary, opts.out)
+    return summary
+
+
+def _follow(swarm: LocalSwarm, endpoint: str, job_id: str, spec: JobSpec, timeout_s: float) -> pb.JobStatus:
+    """Show live progress until the job is done; returns the final status (full history)."""
+    columns = [TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+               TimeElapsedColumn()]
+    deadline = time.monotonic() + timeout_s
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("steps", total=spec.steps, info="waiting for rollouts")
+        while True:
+            swarm.check_alive(["bootstrap", "trainer", "validator"])
+            st = job_status(endpoint, job_id, history=1)
+            progress.update(task, completed=st.step, info=_progress_info(st))
+            if st.state == "done":
+                return job_status(endpoint, job_id, history=spec.steps)
+            if time.monotonic() > deadline:
+                raise SwarmFailed(f"job not done after {timeout_s:.0f}s (step {st.step}/{st.total_steps})")
+            time.sleep(0.5)
+
+
+def _progress_info(st: pb.JobStatus) -> str:
+    rejected = sum(st.groups_rejected.values())
+    last = st.history[-1] if st.history else None
+    reward = f"{last.reward_mean:.3f}" if last and not math.isnan(last.reward_mean) else "-"
+    stale = f"{last.staleness_mean:.2f}" if last else "-"
+    return (f"v{st.policy_version}  reward {reward}  admitted {st.groups_admitted}  rejected {rejected}"
+            f"  staleness {stale}  checked {st.validator_checked}")
+
+
+def _settle_validator(endpoint: str, job_id: str, spec: JobSpec, timeout_s: float = 30) -> pb.JobStatus:
+    """The final status once the validator has had a chance to check the last batches."""
+    deadline = time.monotonic() + timeout_s
+    last = -1
+    while True:
+        st = job_status(endpoint, job_id, history=spec.steps)
+        if st.validator_checked == last or time.monotonic() > deadline:
+            return st
+        last = st.validator_checked
+        time.sleep(3.0)
+
+
+def _wait_workers(swarm: LocalSwarm, workers: list[str], work: Path, timeout_s: float = 120) -> dict[str, dict]:
+    """Workers exit once the job is done (after catching up to the final version)."""
+    deadline = time.monotonic() + timeout_s
+    for w in workers:
+        p = swarm.procs[w]
+        try:
+            p.wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            swarm.stop(w)
+    states = {}
+    for w in workers:
+        path = work / f"{w}.ready"
+        states[w] = json.loads(path.read_text()) if path.exists() else {}
+    return states
+
+
+def _summarize(st: pb.JobStatus, spec: JobSpec, job_id: str, version: int, adapter_hash: bytes,
+               workers: dict[str, dict], keys: dict[str, Identity], seconds: float) -> dict:
+    rewards = [h.reward_mean for h in st.history if not math.isnan(h.reward_mean)]
+    k = max(1, min(5, len(rewards) // 4 or 1))
+    worker_hashes = {w: s.get("adapters", {}).get(job_id, {}) for w, s in workers.items()}
+    agree = all(h.get("hash") == adapter_hash.hex() and h.get("version") == version for h in worker_hashes.values())
+    return {
+        "job_id": job_id, "base_model": spec.base_model, "loss": spec.loss.variant,
+        "final_version": int(st.policy_version), "steps": int(st.step),
+        "reward_first": sum(rewards[:k]) / k if rewards else math.nan,
+        "reward_last": sum(rewards[-k:]) / k if rewards else math.nan,
+        "reward_window": k,
+        "groups_admitted": int(st.groups_admitted), "groups_dropped": int(st.groups_dropped),
+        "groups_rejected": dict(st.groups_rejected),
+        "validator": {"checked": int(st.validator_checked), "failed": int(st.validator_failed)},
+        "peers": [p.peer_id for p in st.peers],
+        "roles": {name: ident.peer_id for name, ident in keys.items()},
+        "adapter_hash": adapter_hash.hex(), "adapter_hash_agreement": agree,
+        "worker_adapters": worker_hashes, "seconds": round(seconds, 1),
+        "staleness_mean": sum(h.staleness_mean for h in st.history) / max(1, len(st.history)),
+    }
+
+
+def _write_outputs(out: Path, st: pb.JobStatus, summary: dict) -> None:
+    extra_keys = sorted({k for h in st.history for k in h.extra})
+    with open(out / "metrics.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([*METRIC_COLUMNS, *extra_keys])
+        for h in st.history:
+            w.writerow([getattr(h, c) for c in METRIC_COLUMNS] + [h.extra.get(k, "") for k in extra_keys])
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    _plot_reward(out / "reward.png", st)
+
+
+def _plot_reward(path: Path, st: pb.JobStatus) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [h.step for h in st.history]
+    rewards = [h.reward_mean for h in st.history]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, rewards, marker=".", label="mean reward of the step's batch")
+    if len(rewards) >= 5:
+        w = 5
+        smooth = [sum(rewards[max(0, i - w + 1):i + 1]) / len(rewards[max(0, i - w + 1):i + 1])
+                  for i in range(len(rewards))]
+        ax.plot(steps, smooth, label=f"moving mean ({w} steps)")
+    ax.set_xlabel("trainer step (policy version)")
+    ax.set_ylabel("reward")
+    ax.set_title(f"swarmrl job {st.job_id[:12]}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _print_summary(summary: dict, out: Path) -> None:
+    table = Table(title="swarmrl up: summary")
+    table.add_column("figure")
+    table.add_column("value", overflow="fold")
+    for key in ("job_id", "base_model", "loss", "final_version", "steps", "reward_first", "reward_last",
+                "groups_admitted", "groups_dropped", "groups_rejected", "validator", "adapter_hash_agreement",
+                "seconds"):
+        v = summary[key]
+        table.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
+    table.add_row("peers", str(len(summary["peers"])))
+    table.add_row("outputs", f"{out}/adapter, metrics.csv, reward.png, summary.json")
+    console.print(table)

@@ -1,0 +1,48 @@
+"""Process-level helpers shared by every role: threads, logging, signals, ready files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+
+
+def set_threads(n: int) -> None:
+    """Pin torch and BLAS thread pools to `n` (several torch processes share 2 cores)."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(n)
+    import torch
+
+    torch.set_num_threads(n)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set in this process
+        pass
+
+
+def setup_logging(role: str) -> None:
+    level = os.environ.get("SWARMRL_LOG", "INFO").upper()
+    logging.basicConfig(level=level, format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
+    for noisy in ("hivemind", "grpc", "urllib3", "filelock", "httpx"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def stop_event() -> threading.Event:
+    """An event set on SIGTERM / SIGINT, for a clean shutdown of the main loop."""
+    ev = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: ev.set())
+    return ev
+
+
+def write_ready(path: Path | None, info: dict) -> None:
+    """Atomically write a JSON ready file (orchestrators wait for it)."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(info))
+    os.replace(tmp, path)

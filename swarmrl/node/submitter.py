@@ -1,0 +1,113 @@
+"""The submitter's client: sign and submit a job, follow it, download its adapter."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import grpc
+from peft import get_peft_model, set_peft_model_state_dict
+
+from swarmrl.node.grpc_options import channel_options
+from swarmrl.node.models import load_causal_lm, lora_config, prepare_base_model
+from swarmrl.node.worker.adapter_sync import AdapterReplica, assemble
+from swarmrl.protocol import adapter as ad
+from swarmrl.protocol import signing
+from swarmrl.protocol.identity import Identity
+from swarmrl.protocol.jobspec import JobSpec, job_id_from_body
+from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
+
+
+class JobRefused(RuntimeError):
+    """The trainer refused the job; the message says why."""
+
+
+def stub(endpoint: str, max_message_mb: int = 64) -> pb_grpc.TrainerStub:
+    return pb_grpc.TrainerStub(grpc.insecure_channel(endpoint, options=channel_options(max_message_mb)))
+
+
+def submit_job(endpoint: str, identity: Identity, spec: JobSpec, timeout_s: float = 600) -> str:
+    """Sign `spec` and submit it; returns the job id.
+
+    Raises:
+        JobRefused: the trainer answered with a refusal.
+    """
+    envelope = signing.sign(identity, signing.JOB, pb.Job(spec_json=spec.canonical_json(),
+                                                          created_ms=int(time.time() * 1000)))
+    ack = stub(endpoint).SubmitJob(envelope, timeout=timeout_s)
+    if not ack.accepted:
+        raise JobRefused(ack.reason)
+    assert ack.job_id == job_id_from_body(envelope.body)
+    return ack.job_id
+
+
+def job_status(endpoint: str, job_id: str, history: int = 0, timeout_s: float = 10) -> pb.JobStatus:
+    """The trainer's view of a job (state, version, counters, recent steps)."""
+    return stub(endpoint).GetJobStatus(pb.JobStatusRequest(job_id=job_id, history=history), timeout=timeout_s)
+
+
+def fetch_snapshot(endpoint: str, job_id: str, trainer_public_key: bytes, version: int = 0) -> AdapterReplica:
+    """Download and verify the adapter at `version` (0 = head) as a signed snapshot."""
+    replica = AdapterReplica(job_id, trainer_public_key)
+    req = pb.AdapterRequest(job_id=job_id, want_version=version, snapshot=True)
+    for update in assemble(stub(endpoint).FetchAdapter(req, timeout=300), replica.trainer_id):
+        replica.apply(update)
+    if replica.state is None:
+        raise RuntimeError(f"trainer at {endpoint} served no adapter for job {job_id}")
+    return replica
+
+
+def export_peft(state: ad.State, spec: JobSpec, out: Path, cache_dir: Path | None = None) -> Path:
+    """Write `state` in PEFT format (adapter_config.json + adapter_model.safetensors) to `out`."""
+    path = prepare_base_model(spec.base_model, cache_dir)
+    model, _ = load_causal_lm(path)
+    peft_model = get_peft_model(model, lora_config(spec.lora.rank, spec.lora.alpha, spec.lora.dropout,
+                                                   spec.lora.target_modules))
+    set_peft_model_state_dict(peft_model, state)
+    peft_model.peft_config["default"].base_model_name_or_path = spec.base_model
+    peft_model.save_pretrained(str(out), save_embedding_layers=False)
+    return out
+
+
+def fetch_job_adapter(endpoint: str, job_id: str, out: Path, cache_dir: Path | None = None,
+                      trainer_public_key: bytes | None = None) -> tuple[int, bytes]:
+    """Fetch the head adapter of `job_id` into `out` (PEFT format); returns (version, hash).
+
+    The snapshot's signature is checked against `trainer_public_key` (from the job's signed DHT
+    record) when given, else against the key of the trainer the status names.
+    """
+    status = job_status(endpoint, job_id)
+    if status.state == "unknown":
+        raise RuntimeError(f"trainer at {endpoint} does not know job {job_id}")
+    key = trainer_public_key or _trainer_key(endpoint, job_id, status)
+    replica = fetch_snapshot(endpoint, job_id, key)
+    spec = JobSpec.from_json(_spec_json(endpoint, job_id))
+    assert replica.state is not None
+    export_peft(replica.state, spec, out, cache_dir)
+    (out / "swarmrl.json").write_text(json.dumps({"job_id": job_id, "policy_version": replica.version,
+                                                  "adapter_hash": replica.hash.hex()}))
+    return replica.version, replica.hash
+
+
+def _trainer_key(endpoint: str, job_id: str, status: pb.JobStatus) -> bytes:
+    header = _first_header(endpoint, job_id)
+    if signing.signer_id(header) != status.trainer_id:
+        raise RuntimeError("adapter header is not signed by the trainer that serves the job")
+    return bytes(header.public_key)
+
+
+def _first_header(endpoint: str, job_id: str) -> pb.Signed:
+    req = pb.AdapterRequest(job_id=job_id, want_version=0, snapshot=True)
+    for chunk in stub(endpoint).FetchAdapter(req, timeout=300):
+        if chunk.HasField("header"):
+            return chunk.header
+    raise RuntimeError("no adapter header served")
+
+
+def _spec_json(endpoint: str, job_id: str) -> str:
+    status = stub(endpoint).GetJobStatus(pb.JobStatusRequest(job_id=job_id), timeout=10)
+    if not status.spec_json:
+        raise RuntimeError("trainer did not return the job spec")
+    return status.spec_json

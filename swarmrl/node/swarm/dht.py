@@ -1,0 +1,114 @@
+"""The swarm's DHT: hivemind nodes on safe defaults, and signed job records.
+
+Trainers announce each job as a `JobRecord` signed with their Ed25519 key (domain
+"job-record") under the key `swarmrl/v1/jobs`, one subkey per (job, trainer). hivemind's own
+record validators protect only owner-marked subkeys, so every reader verifies the Ed25519
+signature itself and drops records that fail. Records expire after `RECORD_TTL_S`; owners
+refresh them every `REFRESH_S` (TTL > refresh period + clock skew).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import hivemind
+from hivemind.utils import get_dht_time
+
+from swarmrl.protocol import signing
+from swarmrl.protocol.identity import Identity
+from swarmrl.protocol.pb import swarm_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+JOBS_KEY = "swarmrl/v1/jobs"
+REFRESH_S = 10.0
+MAX_CLOCK_SKEW_S = 30.0
+RECORD_TTL_S = REFRESH_S * 3 + MAX_CLOCK_SKEW_S
+
+
+class SwarmError(RuntimeError):
+    """The DHT could not be joined or used."""
+
+
+def safe_p2p_options(host: str = "127.0.0.1", port: int = 0) -> dict:
+    """libp2p options with NAT port mapping, AutoNAT and relays off (see stack notes)."""
+    return {
+        "host_maddrs": [f"/ip4/{host}/tcp/{port}"],
+        "nat_port_map": False,
+        "auto_nat": False,
+        "use_relay": False,
+        "use_auto_relay": False,
+    }
+
+
+def start_dht(initial_peers: Sequence[str] = (), *, host: str = "127.0.0.1", port: int = 0) -> hivemind.DHT:
+    """Start a hivemind DHT node (in its own process) and check it joined the swarm.
+
+    Raises:
+        SwarmError: initial peers were given and none of them could be reached.
+    """
+    dht = hivemind.DHT(initial_peers=list(initial_peers), start=True, **safe_p2p_options(host, port))
+    if initial_peers and not _has_peers(dht):
+        dht.shutdown()
+        raise SwarmError(f"could not reach any initial peer: {', '.join(initial_peers)}")
+    return dht
+
+
+def _has_peers(dht: hivemind.DHT, wait_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        n = dht.run_coroutine(_routing_table_size)
+        if n > 0:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+async def _routing_table_size(_dht: hivemind.DHT, node: hivemind.dht.DHTNode) -> int:
+    return len(node.protocol.routing_table.uid_to_peer_id)
+
+
+def visible_maddrs(dht: hivemind.DHT) -> list[str]:
+    """The multiaddrs other peers can join through (…/p2p/<libp2p peer id>)."""
+    return [str(m) for m in dht.get_visible_maddrs()]
+
+
+@dataclass(frozen=True)
+class VerifiedRecord:
+    """A job record whose Ed25519 signature verified."""
+
+    record: pb.JobRecord
+    trainer_id: str
+    trainer_public_key: bytes
+
+
+def announce_job(dht: hivemind.DHT, identity: Identity, record: pb.JobRecord) -> bool:
+    """Sign and store (or refresh) a job record; returns whether the store succeeded."""
+    envelope = signing.sign(identity, signing.JOB_RECORD, record)
+    subkey = f"{record.job_id}:{identity.peer_id}"
+    return bool(
+        dht.store(JOBS_KEY, envelope.SerializeToString(), expiration_time=get_dht_time() + RECORD_TTL_S, subkey=subkey)
+    )
+
+
+def find_jobs(dht: hivemind.DHT) -> list[VerifiedRecord]:
+    """All live job records in the DHT whose signature verifies (others are logged and dropped)."""
+    found = dht.get(JOBS_KEY, latest=True)
+    if found is None or not isinstance(found.value, dict):
+        return []
+    records = []
+    for subkey, item in found.value.items():
+        try:
+            envelope = pb.Signed.FromString(item.value)
+            record, signer = signing.open_signed(envelope, signing.JOB_RECORD, pb.JobRecord)
+        except (signing.SignatureError, Exception) as exc:  # a peer can store anything: drop it
+            log.warning("dropping DHT job record %s: %s", subkey, exc)
+            continue
+        if record.trainer_id != signer or subkey != f"{record.job_id}:{signer}":
+            log.warning("dropping DHT job record %s: signer %s does not match", subkey, signer)
+            continue
+        records.append(VerifiedRecord(record, signer, bytes(envelope.public_key)))
+    return records

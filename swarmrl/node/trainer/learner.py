@@ -1,0 +1,187 @@
+"""The learner: turns a batch of admitted groups into one LoRA GRPO optimizer step.
+
+Legend: B = completions in the batch, T = completion tokens (right-padded), G = group size.
+The policy-gradient math lives in swarmrl.protocol.grpo (pure functions); this file only builds
+the tensors from the wire groups, runs the forward/backward pass and the optimizer.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from peft import PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+
+from swarmrl.node.inference.scoring import completion_logprobs
+from swarmrl.node.models import load_causal_lm, lora_config
+from swarmrl.protocol import adapter as ad
+from swarmrl.protocol.grpo import group_advantages, logprob_drift, policy_loss, staleness_histogram
+from swarmrl.protocol.jobspec import JobSpec
+from swarmrl.protocol.pb import swarm_pb2 as pb
+
+
+@dataclass
+class StepBatch:
+    """Tensors of one step, built from wire groups (see `build_step_batch`)."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    old_logprobs_BT: torch.Tensor
+    mask_BT: torch.Tensor
+    advantages_B: torch.Tensor
+    rewards: list[float] = field(default_factory=list)       # valid rewards of every completion
+    staleness: list[int] = field(default_factory=list)       # versions behind, per completion
+    groups_total: int = 0
+    groups_zero_variance: int = 0
+    failed_grades: int = 0
+
+
+def build_step_batch(groups: list[pb.Group], spec: JobSpec, current_version: int) -> StepBatch:
+    """Group-relative advantages and padded tensors for the groups that carry signal.
+
+    Zero-variance groups are counted; with `loss.drop_zero_variance_groups` they are left out
+    of the loss (DAPO dynamic sampling, Yu et al. 2025). Completions with a failed grade (NaN
+    reward) and, with `loss.mask_truncated`, completions cut by the length limit are masked.
+    """
+    cfg = spec.loss
+    out = StepBatch([], [], torch.empty(0), torch.empty(0), torch.empty(0), groups_total=len(groups))
+    olds: list[list[float]] = []
+    masks: list[list[bool]] = []
+    advs: list[float] = []
+    for g in groups:
+        rewards_G = torch.tensor([c.reward for c in g.completions], dtype=torch.float32)
+        ga = group_advantages(rewards_G, scale=cfg.advantage_scale)
+        out.failed_grades += int((~ga.valid_G).sum())
+        out.rewards.extend(float(r) for r in rewards_G[ga.valid_G])
+        out.staleness.extend(current_version - c.policy_version for c in g.completions)
+        if ga.zero_variance:
+            out.groups_zero_variance += 1
+            if cfg.drop_zero_variance_groups:
+                continue
+        for c, adv, valid in zip(g.completions, ga.advantages_G.tolist(), ga.valid_G.tolist()):
+            keep = bool(valid) and not (cfg.mask_truncated and c.finish_reason == "length")
+            out.prompt_ids.append(list(g.prompt_token_ids))
+            out.completion_ids.append(list(c.token_ids))
+            olds.append(list(c.logprobs))
+            masks.append([keep] * len(c.token_ids))
+            advs.append(adv)
+    t = max((len(o) for o in olds), default=0)
+    out.old_logprobs_BT = torch.tensor([o + [0.0] * (t - len(o)) for o in olds], dtype=torch.float32).reshape(-1, t)
+    out.mask_BT = torch.tensor([m + [False] * (t - len(m)) for m in masks], dtype=torch.bool).reshape(-1, t)
+    out.advantages_B = torch.tensor(advs, dtype=torch.float32)
+    return out
+
+
+class Learner:
+    """A peft LoRA model plus its AdamW optimizer, for one job.
+
+    The LoRA initialisation is seeded by the job seed, so every trainer of a job starts from the
+    same adapter (version 0).
+    """
+
+    def __init__(self, model_path: Path, spec: JobSpec) -> None:
+        self.spec = spec
+        base, self.tokenizer = load_causal_lm(model_path)
+        torch.manual_seed(spec.seed)
+        cfg = lora_config(spec.lora.rank, spec.lora.alpha, spec.lora.dropout, spec.lora.target_modules)
+        model = get_peft_model(base, cfg)
+        assert isinstance(model, PeftModel)
+        self.model = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        for p in self.params:
+            p.data = p.data.float()
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=spec.learning_rate, betas=(0.9, 0.99), weight_decay=spec.weight_decay
+        )
+        self.pad_id = int(self.tokenizer.pad_token_id)
+
+    def state(self) -> ad.State:
+        """The adapter's tensors (float32 copies), keyed as in adapter_model.safetensors."""
+        return ad.clone_state(get_peft_model_state_dict(self.model))
+
+    def load_state(self, state: ad.State) -> None:
+        """Set the adapter's tensors exactly (bit for bit)."""
+        set_peft_model_state_dict(self.model, state)
+        got = ad.adapter_hash(self.state())
+        if got != ad.adapter_hash(state):
+            raise RuntimeError("adapter state did not load exactly")
+
+    def optimizer_state(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_optimizer_state(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state)
+
+    def compute_gradients(self, batch: StepBatch) -> tuple[float, dict[str, float]]:
+        """Forward/backward of the GRPO loss; leaves gradients in `self.params`. Returns (loss, metrics)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if not batch.completion_ids:
+            return 0.0, {"tokens": 0.0}
+        self.model.train()
+        logprobs_BT, mask_BT = completion_logprobs(
+            self.model, batch.prompt_ids, batch.completion_ids,
+            temperature=self.spec.sampling.temperature, pad_id=self.pad_id,
+        )
+        mask_BT = mask_BT & batch.mask_BT
+        ref_BT = None
+        if self.spec.loss.kl_beta > 0:
+            with torch.no_grad(), self.model.disable_adapter():
+                ref_BT, _ = completion_logprobs(
+                    self.model, batch.prompt_ids, batch.completion_ids,
+                    temperature=self.spec.sampling.temperature, pad_id=self.pad_id,
+                )
+        loss, metrics = policy_loss(
+            logprobs_BT, batch.old_logprobs_BT, batch.advantages_B, mask_BT, self.spec.loss,
+            max_new_tokens=self.spec.sampling.max_new_tokens, ref_logprobs_BT=ref_BT,
+        )
+        loss.backward()
+        metrics.update(logprob_drift(logprobs_BT.detach(), batch.old_logprobs_BT, mask_BT))
+        self.model.eval()
+        return float(loss.detach()), metrics
+
+    def gradients_finite(self) -> bool:
+        return all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in self.params)
+
+    def apply_gradients(self) -> float:
+        """Clip and take the optimizer step; returns the pre-clip gradient norm (0 with no grads)."""
+        if all(p.grad is None for p in self.params):
+            return 0.0
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.spec.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def step(self, groups: list[pb.Group], current_version: int) -> dict[str, float]:
+        """One GRPO step on `groups`: advantages -> loss -> backward -> optimizer. Returns metrics."""
+        t0 = time.monotonic()
+        batch = build_step_batch(groups, self.spec, current_version)
+        loss, metrics = self.compute_gradients(batch)
+        finite = self.gradients_finite()
+        grad_norm = self.apply_gradients() if finite else math.nan
+        if not finite:
+            self.optimizer.zero_grad(set_to_none=True)
+        return summarize(batch, loss, metrics, grad_norm, finite, time.monotonic() - t0)
+
+
+def summarize(
+    batch: StepBatch, loss: float, metrics: dict[str, float], grad_norm: float, finite: bool, seconds: float
+) -> dict[str, float]:
+    """The metrics row of one step (what metrics.csv and `swarmrl status` show)."""
+    hist = staleness_histogram(batch.staleness)
+    row = {
+        "reward_mean": sum(batch.rewards) / len(batch.rewards) if batch.rewards else math.nan,
+        "loss": loss,
+        "grad_norm": grad_norm,
+        "skipped_nonfinite": 0.0 if finite else 1.0,
+        "staleness_mean": sum(batch.staleness) / len(batch.staleness) if batch.staleness else 0.0,
+        "staleness_max": float(max(batch.staleness, default=0)),
+        "zero_variance_frac": batch.groups_zero_variance / batch.groups_total if batch.groups_total else 0.0,
+        "failed_grades": float(batch.failed_grades),
+        "train_seconds": seconds,
+    }
+    row.update({f"staleness_{k}": float(v) for k, v in sorted(hist.items())})
+    row.update({k: float(v) for k, v in metrics.items()})
+    return row

@@ -1,0 +1,220 @@
+"""The trainer's ledger: SQLite, the durable record of jobs, leases, admitted groups and steps.
+
+Admitted groups are committed (WAL, synchronous=FULL) before the worker's receipt is sent, so no
+acknowledged rollout is lost to a crash. Groups move pending -> trained | dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from swarmrl.protocol.pb import swarm_pb2 as pb
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id TEXT PRIMARY KEY, envelope BLOB NOT NULL, created_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS leases (
+    lease_id TEXT PRIMARY KEY, job_id TEXT NOT NULL, peer_id TEXT NOT NULL, lease BLOB NOT NULL,
+    deadline_ms INTEGER NOT NULL, open INTEGER NOT NULL DEFAULT 1);
+CREATE TABLE IF NOT EXISTS batches (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, batch_id TEXT UNIQUE NOT NULL, job_id TEXT NOT NULL,
+    peer_id TEXT NOT NULL, lease_id TEXT NOT NULL, received_ms INTEGER NOT NULL, envelope BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS groups (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, batch_seq INTEGER NOT NULL, job_id TEXT NOT NULL,
+    lease_id TEXT NOT NULL, peer_id TEXT NOT NULL, prompt_index INTEGER NOT NULL,
+    policy_version INTEGER NOT NULL, grp BLOB NOT NULL, state TEXT NOT NULL DEFAULT 'pending',
+    step INTEGER, note TEXT, UNIQUE (job_id, prompt_index));
+CREATE INDEX IF NOT EXISTS groups_pending ON groups (job_id, state, id);
+CREATE TABLE IF NOT EXISTS rejections (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, peer_id TEXT NOT NULL,
+    reason TEXT NOT NULL, at_ms INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS steps (
+    job_id TEXT NOT NULL, step INTEGER NOT NULL, metrics TEXT NOT NULL, PRIMARY KEY (job_id, step));
+CREATE TABLE IF NOT EXISTS verdicts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, validator_id TEXT NOT NULL,
+    peer_id TEXT NOT NULL, batch_id TEXT NOT NULL, prompt_index INTEGER NOT NULL,
+    passed INTEGER NOT NULL, checkname TEXT NOT NULL, detail TEXT NOT NULL, at_ms INTEGER NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class PendingGroup:
+    """An admitted, not yet trained group as the learner consumes it."""
+
+    row_id: int
+    peer_id: str
+    group: pb.Group
+
+
+class Ledger:
+    """Thread-safe SQLite ledger (one connection, serialized by a lock)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # ---- jobs
+    def add_job(self, job_id: str, envelope: pb.Signed, created_ms: int) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO jobs VALUES (?, ?, ?)", (job_id, envelope.SerializeToString(), created_ms))
+
+    def jobs(self) -> list[tuple[str, pb.Signed]]:
+        return [(j, pb.Signed.FromString(e)) for j, e in self._query("SELECT job_id, envelope FROM jobs ORDER BY created_ms")]
+
+    # ---- leases
+    def add_lease(self, lease: pb.Lease) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO leases VALUES (?, ?, ?, ?, ?, 1)",
+                (lease.lease_id, lease.job_id, lease.peer_id, lease.SerializeToString(), lease.deadline_ms),
+            )
+
+    def close_lease(self, lease_id: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE leases SET open = 0 WHERE lease_id = ?", (lease_id,))
+
+    def leases(self, job_id: str, *, open_only: bool) -> list[pb.Lease]:
+        sql = "SELECT lease FROM leases WHERE job_id = ?" + (" AND open = 1" if open_only else "")
+        return [pb.Lease.FromString(b) for (b,) in self._query(sql, (job_id,))]
+
+    # ---- batches and groups
+    def batch_seen(self, batch_id: str) -> bool:
+        return bool(self._query("SELECT 1 FROM batches WHERE batch_id = ?", (batch_id,)))
+
+    def admit(
+        self, batch_id: str, batch: pb.RolloutBatch, envelope: pb.Signed, groups: Iterable[pb.Group], now_ms: int
+    ) -> int:
+        """Durably record a batch and its admitted groups in one transaction; returns its seq."""
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO batches (batch_id, job_id, peer_id, lease_id, received_ms, envelope) VALUES (?,?,?,?,?,?)",
+                (batch_id, batch.job_id, batch.peer_id, batch.lease_id, now_ms, envelope.SerializeToString()),
+            )
+            seq = int(cur.lastrowid or 0)
+            for g in groups:
+                version = min(c.policy_version for c in g.completions)
+                db.execute(
+                    "INSERT INTO groups (batch_seq, job_id, lease_id, peer_id, prompt_index, policy_version, grp)"
+                    " VALUES (?,?,?,?,?,?,?)",
+                    (seq, batch.job_id, batch.lease_id, batch.peer_id, g.prompt_index, version, g.SerializeToString()),
+                )
+        return seq
+
+    def admitted_indices(self, job_id: str) -> set[int]:
+        return {i for (i,) in self._query("SELECT prompt_index FROM groups WHERE job_id = ?", (job_id,))}
+
+    def pending(self, job_id: str, limit: int) -> list[PendingGroup]:
+        rows = self._query(
+            "SELECT id, peer_id, grp FROM groups WHERE job_id = ? AND state = 'pending' ORDER BY id LIMIT ?",
+            (job_id, limit),
+        )
+        return [PendingGroup(r, p, pb.Group.FromString(g)) for r, p, g in rows]
+
+    def count_pending(self, job_id: str) -> int:
+        return int(self._query("SELECT COUNT(*) FROM groups WHERE job_id = ? AND state = 'pending'", (job_id,))[0][0])
+
+    def mark(self, row_ids: Iterable[int], state: str, *, step: int | None = None, note: str = "") -> None:
+        with self._tx() as db:
+            db.executemany(
+                "UPDATE groups SET state = ?, step = ?, note = ? WHERE id = ?", [(state, step, note, r) for r in row_ids]
+            )
+
+    def drop_peer(self, job_id: str, peer_id: str, note: str) -> int:
+        """Drop a peer's not-yet-trained groups (a ban); returns how many."""
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE groups SET state = 'dropped', note = ? WHERE job_id = ? AND peer_id = ? AND state = 'pending'",
+                (note, job_id, peer_id),
+            )
+            return cur.rowcount
+
+    def group_counts(self, job_id: str) -> Counter[str]:
+        rows = self._query("SELECT state, COUNT(*) FROM groups WHERE job_id = ? GROUP BY state", (job_id,))
+        return Counter({s: n for s, n in rows})
+
+    def peer_group_counts(self, job_id: str) -> dict[str, int]:
+        rows = self._query("SELECT peer_id, COUNT(*) FROM groups WHERE job_id = ? GROUP BY peer_id", (job_id,))
+        return {p: n for p, n in rows}
+
+    def batches_after(self, job_id: str, after_seq: int, limit: int) -> list[tuple[int, str, pb.Signed]]:
+        rows = self._query(
+            "SELECT seq, lease_id, envelope FROM batches WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+            (job_id, after_seq, limit),
+        )
+        return [(s, lease_id, pb.Signed.FromString(e)) for s, lease_id, e in rows]
+
+    def batch_group_indices(self, seq: int) -> list[int]:
+        return [i for (i,) in self._query("SELECT prompt_index FROM groups WHERE batch_seq = ? ORDER BY id", (seq,))]
+
+    def lease(self, lease_id: str) -> pb.Lease | None:
+        rows = self._query("SELECT lease FROM leases WHERE lease_id = ?", (lease_id,))
+        return pb.Lease.FromString(rows[0][0]) if rows else None
+
+    # ---- rejections, steps and verdicts
+    def reject(self, job_id: str, peer_id: str, reason: str, now_ms: int, count: int = 1) -> None:
+        with self._tx() as db:
+            db.executemany(
+                "INSERT INTO rejections (job_id, peer_id, reason, at_ms) VALUES (?,?,?,?)",
+                [(job_id, peer_id, reason, now_ms)] * count,
+            )
+
+    def rejection_counts(self, job_id: str) -> Counter[str]:
+        rows = self._query("SELECT reason, COUNT(*) FROM rejections WHERE job_id = ? GROUP BY reason", (job_id,))
+        return Counter({r: n for r, n in rows})
+
+    def peer_rejection_counts(self, job_id: str) -> dict[str, int]:
+        rows = self._query("SELECT peer_id, COUNT(*) FROM rejections WHERE job_id = ? GROUP BY peer_id", (job_id,))
+        return {p: n for p, n in rows}
+
+    def record_step(self, job_id: str, step: int, metrics: dict) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", (job_id, step, json.dumps(metrics)))
+
+    def steps(self, job_id: str) -> list[dict]:
+        return [json.loads(m) for (m,) in self._query("SELECT metrics FROM steps WHERE job_id = ? ORDER BY step", (job_id,))]
+
+    def add_verdicts(self, job_id: str, validator_id: str, verdicts: Iterable[pb.Verdict], now_ms: int) -> None:
+        with self._tx() as db:
+            db.executemany(
+                "INSERT INTO verdicts (job_id, validator_id, peer_id, batch_id, prompt_index, passed, checkname,"
+                " detail, at_ms) VALUES (?,?,?,?,?,?,?,?,?)",
+                [
+                    (job_id, validator_id, v.peer_id, v.batch_id, v.prompt_index, int(v.passed), v.check, v.detail, now_ms)
+                    for v in verdicts
+                ],
+            )
+
+    def verdict_counts(self, job_id: str) -> tuple[int, int]:
+        """(checked, failed) verdicts for a job."""
+        rows = self._query("SELECT COUNT(*), COALESCE(SUM(1 - passed), 0) FROM verdicts WHERE job_id = ?", (job_id,))
+        return int(rows[0][0]), int(rows[0][1])

@@ -1,0 +1,139 @@
+"""The trainer process: hosts jobs, serves gRPC, announces jobs in the DHT, trains.
+
+Main loop: announce -> expire leases -> (for each job with a full batch) train_step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from swarmrl.node.config import TrainerConfig
+from swarmrl.node.models import base_model_sha256, prepare_base_model
+from swarmrl.node.runtime import set_threads, setup_logging, stop_event, write_ready
+from swarmrl.node.swarm.dht import REFRESH_S, announce_job, start_dht, visible_maddrs
+from swarmrl.node.trainer.job import JobRuntime, now_ms
+from swarmrl.node.trainer.ledger import Ledger
+from swarmrl.node.trainer.service import serve
+from swarmrl.protocol import signing
+from swarmrl.protocol.identity import Identity
+from swarmrl.protocol.jobspec import JobSpec, job_id_from_body
+from swarmrl.protocol.pb import swarm_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+class Trainer:
+    """The jobs of one trainer process, and the operations the gRPC service calls."""
+
+    def __init__(self, cfg: TrainerConfig, identity: Identity) -> None:
+        self.cfg, self.identity = cfg, identity
+        self.ledger = Ledger(cfg.state_dir / "ledger.sqlite")
+        self.jobs: dict[str, JobRuntime] = {}
+        self.upload_bytes = 0
+        self.unrouted_rejections = 0  # batches naming no job we host (or unparseable): nothing to count them under
+        self._lock = threading.Lock()
+        for job_id, envelope in self.ledger.jobs():
+            job, _ = signing.open_signed(envelope, signing.JOB, pb.Job)
+            self._host(job_id, JobSpec.from_json(job.spec_json))
+
+    def _host(self, job_id: str, spec: JobSpec) -> JobRuntime:
+        path = prepare_base_model(spec.base_model, self.cfg.cache_dir)
+        if base_model_sha256(path) != spec.base_model_sha256:
+            raise ValueError(f"base model {spec.base_model} here does not match the job's sha256")
+        runtime = JobRuntime(job_id, spec, identity=self.identity, model_path=path, state_dir=self.cfg.state_dir,
+                             ledger=self.ledger)
+        self.jobs[job_id] = runtime
+        return runtime
+
+    def submit_job(self, envelope: pb.Signed) -> pb.JobAck:
+        """Verify a signed job, check its spec and base model, and start hosting it."""
+        try:
+            job, submitter = signing.open_signed(envelope, signing.JOB, pb.Job)
+            spec = JobSpec.from_json(job.spec_json)
+        except (signing.SignatureError, ValueError) as exc:
+            return pb.JobAck(accepted=False, reason=f"invalid job: {exc}"[:500])
+        job_id = job_id_from_body(envelope.body)
+        if self.cfg.allowed_submitters is not None and submitter not in self.cfg.allowed_submitters:
+            return pb.JobAck(job_id=job_id, accepted=False, reason=f"submitter {submitter} not allowed")
+        with self._lock:
+            if job_id not in self.jobs:
+                try:
+                    self._host(job_id, spec)
+                except (ValueError, RuntimeError) as exc:
+                    return pb.JobAck(job_id=job_id, accepted=False, reason=str(exc)[:500])
+                self.ledger.add_job(job_id, envelope, now_ms())
+                log.info("hosting job %s (%s on %s) from %s", job_id, spec.environment, spec.base_model, submitter)
+        return pb.JobAck(job_id=job_id, accepted=True)
+
+    def admit(self, envelope: pb.Signed) -> pb.BatchReceipt:
+        """Route a signed rollout batch to its job (the job id is read after verification)."""
+        job = self.jobs.get(_claimed_job_id(envelope))
+        if job is None:
+            self.unrouted_rejections += 1
+            return pb.BatchReceipt(batch_id=signing.envelope_id(envelope), accepted=False, reason="unknown_job")
+        return job.admit(envelope, self.cfg.max_batch_mb << 20)
+
+    def report_verdicts(self, envelope: pb.Signed) -> pb.VerdictAck:
+        """Act on a trusted validator's signed verdicts."""
+        try:
+            report, validator = signing.open_signed(envelope, signing.VERDICTS, pb.VerdictReport)
+        except signing.SignatureError as exc:
+            return pb.VerdictAck(reason=exc.reason)
+        if validator not in self.cfg.trusted_validators:
+            return pb.VerdictAck(reason=f"validator {validator} is not trusted by this trainer")
+        job = self.jobs.get(report.job_id)
+        if job is None:
+            return pb.VerdictAck(reason="unknown_job")
+        banned = job.apply_verdicts(validator, report)
+        return pb.VerdictAck(accepted=len(report.verdicts), banned=banned)
+
+    def count_upload(self, n: int) -> None:
+        with self._lock:
+            self.upload_bytes += n
+
+
+def _claimed_job_id(envelope: pb.Signed) -> str:
+    """The job id a batch claims, read BEFORE verification: used only to route the batch (and
+    count its rejection) to that job, which then verifies everything."""
+    try:
+        return pb.RolloutBatch.FromString(envelope.body).job_id
+    except Exception:  # noqa: BLE001 - any garbage body: unroutable
+        return ""
+
+
+def run(cfg: TrainerConfig) -> None:
+    """Start the trainer and serve until SIGTERM."""
+    setup_logging("trainer")
+    set_threads(cfg.threads)
+    stop = stop_event()
+    identity = Identity.load_or_create(cfg.key)
+    dht = start_dht(cfg.net.initial_peers, host=cfg.net.host, port=cfg.net.dht_port)
+    trainer = Trainer(cfg, identity)
+    server, port = serve(trainer, cfg.net.host, cfg.grpc_port, cfg.max_message_mb)
+    endpoint = f"{cfg.net.host}:{port}"
+    write_ready(cfg.ready_file, {"endpoint": endpoint, "peer_id": identity.peer_id, "maddrs": visible_maddrs(dht)})
+    log.info("trainer %s serving on %s", identity.peer_id, endpoint)
+    last_announce = 0.0
+    try:
+        while not stop.is_set():
+            if time.monotonic() - last_announce > REFRESH_S:
+                for job in list(trainer.jobs.values()):
+                    announce_job(dht, identity, job.record(endpoint))
+                last_announce = time.monotonic()
+            stepped = False
+            for job in list(trainer.jobs.values()):
+                job.expire_leases()
+                if job.ready():
+                    row = job.train_step()
+                    stepped = True
+                    log.info("job %s step %d reward %.3f loss %.4f", job.job_id, int(row["step"]),
+                             row["reward_mean"], row["loss"])
+                    announce_job(dht, identity, job.record(endpoint))
+            if not stepped:
+                stop.wait(0.2)
+    finally:
+        server.stop(grace=2).wait()
+        trainer.ledger.close()
+        dht.shutdown()

@@ -1,0 +1,93 @@
+"""The trainer's gRPC service: thin glue from the wire to `Trainer` / `JobRuntime`.
+
+Each handler verifies the envelope it receives, answers with a reason on bad input and never
+lets one peer's malformed message stop the server.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+
+from swarmrl.node.grpc_options import channel_options
+from swarmrl.protocol import signing
+from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+CHUNK_BYTES = 1 << 20
+
+
+class TrainerService(pb_grpc.TrainerServicer):
+    """Implements swarmrl.v1.Trainer on top of a `Trainer` (node.trainer.main)."""
+
+    def __init__(self, trainer) -> None:  # noqa: ANN001 (avoid an import cycle with main)
+        self.trainer = trainer
+
+    def SubmitJob(self, request: pb.Signed, context: grpc.ServicerContext) -> pb.JobAck:
+        return self.trainer.submit_job(request)
+
+    def RequestLease(self, request: pb.Signed, context: grpc.ServicerContext) -> pb.LeaseReply:
+        try:
+            req, peer = signing.open_signed(request, signing.LEASE_REQUEST, pb.LeaseRequest)
+        except signing.SignatureError as exc:
+            return pb.LeaseReply(reason=exc.reason)
+        job = self.trainer.jobs.get(req.job_id)
+        if job is None:
+            return pb.LeaseReply(reason="unknown_job")
+        return job.request_lease(peer, req)
+
+    def SubmitRollouts(self, request_iterator: Iterator[pb.Signed], context: grpc.ServicerContext) -> pb.Receipt:
+        receipt = pb.Receipt()
+        for envelope in request_iterator:
+            receipt.batches.append(self.trainer.admit(envelope))
+        return receipt
+
+    def FetchAdapter(self, request: pb.AdapterRequest, context: grpc.ServicerContext) -> Iterator[pb.AdapterChunk]:
+        job = self.trainer.jobs.get(request.job_id)
+        if job is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")
+        for update in job.updates(request):
+            self.trainer.count_upload(len(update.payload))
+            yield from chunks(update.header, update.payload)
+
+    def GetJobStatus(self, request: pb.JobStatusRequest, context: grpc.ServicerContext) -> pb.JobStatus:
+        job = self.trainer.jobs.get(request.job_id)
+        if job is None:
+            return pb.JobStatus(job_id=request.job_id, state="unknown")
+        return job.status(request.history)
+
+    def SampleAdmitted(self, request: pb.SampleRequest, context: grpc.ServicerContext) -> Iterator[pb.AdmittedBatch]:
+        job = self.trainer.jobs.get(request.job_id)
+        if job is None:
+            return
+        limit = max(1, min(request.max_batches or 16, 256))
+        for seq, lease_id, envelope in self.trainer.ledger.batches_after(request.job_id, request.after_seq, limit):
+            lease = self.trainer.ledger.lease(lease_id)
+            yield pb.AdmittedBatch(seq=seq, batch=envelope, lease=lease,
+                                   admitted_prompt_indices=self.trainer.ledger.batch_group_indices(seq))
+
+    def ReportVerdicts(self, request: pb.Signed, context: grpc.ServicerContext) -> pb.VerdictAck:
+        return self.trainer.report_verdicts(request)
+
+
+def chunks(header: pb.Signed, payload: bytes) -> Iterator[pb.AdapterChunk]:
+    """Split one signed update into stream chunks (header on the first, `last` on the final)."""
+    n = max(1, -(-len(payload) // CHUNK_BYTES))
+    for i in range(n):
+        part = payload[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES]
+        yield pb.AdapterChunk(header=header if i == 0 else None, data=part, last=i == n - 1)
+
+
+def serve(trainer, host: str, port: int, max_message_mb: int, workers: int = 8) -> tuple[grpc.Server, int]:  # noqa: ANN001
+    """Start the gRPC server on host:port (0 = any free port); returns (server, bound port)."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=channel_options(max_message_mb))
+    pb_grpc.add_TrainerServicer_to_server(TrainerService(trainer), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise RuntimeError(f"could not bind the trainer's gRPC server to {host}:{port}")
+    server.start()
+    return server, bound

@@ -1,0 +1,102 @@
+"""Catching up a job's adapter: fetch signed updates, verify, apply, check the hash.
+
+An update is accepted only when its header verifies under the trainer's public key (from the
+job's signed DHT record), its payload matches the header's sha256, a delta's `from_hash` is the
+hash the worker holds, and the result hashes to `to_hash`. Past `max_gap` versions behind, the
+worker asks for a full snapshot instead of the delta chain.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from swarmrl.protocol import adapter as ad
+from swarmrl.protocol import signing
+from swarmrl.protocol.identity import peer_id_from_public_key
+from swarmrl.protocol.pb import swarm_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReceivedUpdate:
+    """A verified header with its payload (signature and content hash checked)."""
+
+    header: pb.AdapterUpdate
+    envelope: pb.Signed
+    payload: bytes
+
+
+def assemble(chunks: Iterable[pb.AdapterChunk], trainer_id: str) -> Iterator[ReceivedUpdate]:
+    """Reassemble a chunk stream into verified updates.
+
+    Raises:
+        ad.AdapterError: a header that doesn't verify or isn't the trainer's, a payload whose
+            sha256 or size differs from its header, or a stream that ends mid-update.
+    """
+    header: pb.AdapterUpdate | None = None
+    envelope: pb.Signed | None = None
+    parts: list[bytes] = []
+    for chunk in chunks:
+        if chunk.HasField("header"):
+            if header is not None:
+                raise ad.AdapterError("new update started before the previous one ended")
+            envelope = chunk.header
+            try:
+                header, signer = signing.open_signed(envelope, signing.ADAPTER_UPDATE, pb.AdapterUpdate)
+            except signing.SignatureError as exc:
+                raise ad.AdapterError(f"adapter update header: {exc}") from exc
+            if signer != trainer_id:
+                raise ad.AdapterError(f"adapter update signed by {signer}, not the job's trainer {trainer_id}")
+            parts = []
+        if header is None:
+            raise ad.AdapterError("payload chunk without a header")
+        parts.append(chunk.data)
+        if sum(map(len, parts)) > header.payload_size:
+            raise ad.AdapterError("payload larger than its header says")
+        if chunk.last:
+            payload = b"".join(parts)
+            if ad.payload_sha256(payload) != header.payload_sha256:
+                raise ad.AdapterError(f"payload of version {header.to_version} does not match its sha256")
+            assert envelope is not None
+            yield ReceivedUpdate(header, envelope, payload)
+            header, envelope = None, None
+    if header is not None:
+        raise ad.AdapterError("stream ended in the middle of an update")
+
+
+@dataclass
+class AdapterReplica:
+    """A worker's copy of one job's adapter: state, version and hash."""
+
+    job_id: str
+    trainer_public_key: bytes
+    state: ad.State | None = None
+    version: int = -1
+    hash: bytes = b""
+    applied: list[int] = field(default_factory=list)
+
+    @property
+    def trainer_id(self) -> str:
+        return peer_id_from_public_key(self.trainer_public_key)
+
+    def apply(self, update: ReceivedUpdate) -> None:
+        """Apply one verified update (snapshot or the next delta).
+
+        Raises:
+            ad.AdapterError: the delta doesn't start from our version/hash, or the result's hash
+                differs from the signed `to_hash`.
+        """
+        h = update.header
+        state = ad.decode_state(update.payload)
+        if not h.snapshot:
+            if self.state is None or h.from_version != self.version or h.from_hash != self.hash:
+                raise ad.AdapterError(f"delta {h.from_version}->{h.to_version} does not apply to version {self.version}")
+            state = ad.apply_delta(self.state, state)
+        got = ad.adapter_hash(state)
+        if got != h.to_hash:
+            raise ad.AdapterError(f"version {h.to_version}: reconstructed hash {got.hex()[:12]} != {h.to_hash.hex()[:12]}")
+        self.state, self.version, self.hash = state, int(h.to_version), got
+        self.applied.append(self.version)

@@ -1,0 +1,157 @@
+"""Admission of rollout groups: the pure checks a trainer runs before a group enters its ledger.
+
+Every rejection has a reason string (the counters and receipts use these names). The checks
+are cheap, run on every group, and trust nothing the worker claims: token ids must be inside
+the vocabulary, every number finite and in range, versions inside the staleness window.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Container, Mapping, Sequence
+from dataclasses import dataclass
+
+from swarmrl.protocol.pb import swarm_pb2 as pb
+
+# Batch-level reasons (the whole batch is refused).
+BAD_SIGNATURE = "bad_signature"
+MALFORMED = "malformed"
+SIGNER_MISMATCH = "signer_mismatch"
+BANNED = "banned"
+UNKNOWN_JOB = "unknown_job"
+UNKNOWN_LEASE = "unknown_lease"
+LEASE_PEER_MISMATCH = "lease_peer_mismatch"
+LEASE_EXPIRED = "lease_expired"
+REPLAY = "replay"
+OVERSIZED = "oversized"
+# Group-level reasons.
+NOT_IN_LEASE = "not_in_lease"
+DUPLICATE_GROUP = "duplicate_group"
+STALE = "stale"
+FUTURE_VERSION = "future_version"
+BELOW_LEASE_VERSION = "below_lease_version"
+GROUP_SIZE = "group_size"
+PROMPT_MISMATCH = "prompt_mismatch"
+TOKEN_OUT_OF_VOCAB = "token_out_of_vocab"
+TOO_LONG = "too_long"
+EMPTY_COMPLETION = "empty_completion"
+LENGTH_MISMATCH = "length_mismatch"
+NON_FINITE = "non_finite"
+LOGPROB_RANGE = "logprob_range"
+REWARD_RANGE = "reward_range"
+BAD_FINISH_REASON = "bad_finish_reason"
+FINISH_REASONS = frozenset({"stop", "length"})
+
+
+@dataclass(frozen=True)
+class AdmissionLimits:
+    """What a group must satisfy; built by the trainer from the job spec and its model."""
+
+    group_size: int
+    vocab_size: int
+    max_prompt_tokens: int
+    max_new_tokens: int
+    reward_range: tuple[float, float]
+    num_reward_funcs: int
+    max_async_level: int
+
+
+def check_batch_envelope(
+    batch: pb.RolloutBatch,
+    signer: str,
+    lease: pb.Lease | None,
+    *,
+    now_ms: int,
+    batch_seen: bool,
+    banned: Container[str],
+) -> str:
+    """Batch-level checks after the signature verified. Returns a reason, or "" to go on."""
+    if batch.peer_id != signer:
+        return SIGNER_MISMATCH
+    if signer in banned:
+        return BANNED
+    if batch_seen:
+        return REPLAY
+    if lease is None or lease.job_id != batch.job_id:
+        return UNKNOWN_LEASE
+    if lease.peer_id != signer:
+        return LEASE_PEER_MISMATCH
+    if now_ms > lease.deadline_ms:
+        return LEASE_EXPIRED
+    return ""
+
+
+def _finite(xs: Sequence[float]) -> bool:
+    return all(math.isfinite(x) for x in xs)
+
+
+def check_completion(c: pb.Completion, lease: pb.Lease, current_version: int, lim: AdmissionLimits) -> str:
+    """Checks of one completion. Returns a reason, or "" when it is admissible."""
+    n = len(c.token_ids)
+    if n == 0:
+        return EMPTY_COMPLETION
+    if n > lim.max_new_tokens:
+        return TOO_LONG
+    if len(c.logprobs) != n:
+        return LENGTH_MISMATCH
+    if any(t >= lim.vocab_size for t in c.token_ids):
+        return TOKEN_OUT_OF_VOCAB
+    if not _finite(c.logprobs):
+        return NON_FINITE
+    if any(lp > 1e-4 for lp in c.logprobs):
+        return LOGPROB_RANGE
+    if c.finish_reason not in FINISH_REASONS:
+        return BAD_FINISH_REASON
+    if c.policy_version > current_version:
+        return FUTURE_VERSION
+    if c.policy_version < lease.policy_version:
+        return BELOW_LEASE_VERSION
+    if current_version - c.policy_version > lim.max_async_level:
+        return STALE
+    return _check_rewards(c, lim)
+
+
+def _check_rewards(c: pb.Completion, lim: AdmissionLimits) -> str:
+    if len(c.rewards) != lim.num_reward_funcs:
+        return LENGTH_MISMATCH
+    if math.isnan(c.reward):
+        # A failed grade is a recorded failure: allowed only when the worker says why.
+        return "" if c.grade_error else NON_FINITE
+    if not math.isfinite(c.reward) or any(math.isinf(r) for r in c.rewards):
+        return NON_FINITE
+    lo, hi = lim.reward_range
+    if not lo - 1e-6 <= c.reward <= hi + 1e-6:
+        return REWARD_RANGE
+    return ""
+
+
+def check_group(
+    group: pb.Group,
+    lease: pb.Lease,
+    *,
+    current_version: int,
+    expected_prompt_ids: Mapping[int, Sequence[int]],
+    already_admitted: Container[int],
+    lim: AdmissionLimits,
+) -> str:
+    """Checks of one group against its lease. Returns a reason, or "" when admissible.
+
+    `expected_prompt_ids` maps each leased prompt index to the token ids the trainer derived
+    from (job seed, index); `already_admitted` holds the lease's prompt indices admitted before.
+    """
+    idx = group.prompt_index
+    if idx not in expected_prompt_ids:
+        return NOT_IN_LEASE
+    if idx in already_admitted:
+        return DUPLICATE_GROUP
+    if len(group.completions) != lim.group_size:
+        return GROUP_SIZE
+    if len(group.prompt_token_ids) > lim.max_prompt_tokens:
+        return TOO_LONG
+    if list(group.prompt_token_ids) != list(expected_prompt_ids[idx]):
+        return PROMPT_MISMATCH
+    for c in group.completions:
+        reason = check_completion(c, lease, current_version, lim)
+        if reason:
+            return reason
+    return ""

@@ -1,0 +1,89 @@
+"""Job specifications: what a submitter asks the swarm to train, as plain validated data.
+
+A `JobSpec` is canonical JSON on the wire (inside a signed `Job`); the job id is derived from
+the signed body, so two submissions of the same spec at different times are different jobs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from swarmrl.protocol.grpo.config import LossConfig
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LoraSpec(_Frozen):
+    """LoRA shape of the job's adapter (Hu et al. 2021); "all-linear" excludes lm_head."""
+
+    rank: int = Field(16, ge=1, le=256)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: str | tuple[str, ...] = "all-linear"
+
+
+class SamplingSpec(_Frozen):
+    """How workers sample; temperature also scales the trainer's log-probs (same distribution)."""
+
+    temperature: float = Field(1.0, gt=0.0, le=4.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(12, ge=1, le=4096)
+    stop: tuple[str, ...] = ("\n",)
+
+
+class JobSpec(_Frozen):
+    """A training job: base model, environment, GRPO hyper-parameters and limits.
+
+    `base_model_sha256` pins the exact weights (hex sha256, see node.models.base_model_sha256);
+    workers whose local copy differs refuse the job.
+    """
+
+    name: str = Field("job", min_length=1, max_length=64)
+    base_model: str
+    base_model_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    environment: str = "arithmetic"
+    env_version: str = "1"
+    seed: int = Field(0, ge=0, lt=2**63)
+    group_size: int = Field(8, ge=2, le=256, description="G: completions per prompt")
+    batch_groups: int = Field(8, ge=1, le=4096, description="groups per optimizer step")
+    prompts_per_lease: int = Field(4, ge=1, le=256)
+    steps: int = Field(100, ge=1, le=1_000_000)
+    learning_rate: float = Field(1e-4, gt=0.0, lt=1.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    max_async_level: int = Field(2, ge=0, le=64, description="max policy versions a rollout may lag")
+    lease_ttl_s: float = Field(120.0, gt=0.0)
+    max_prompt_tokens: int = Field(256, ge=1)
+    lora: LoraSpec = LoraSpec()
+    sampling: SamplingSpec = SamplingSpec()
+    loss: LossConfig = LossConfig()
+    validation_rate: float = Field(0.25, ge=0.0, le=1.0, description="share of batches validators check")
+
+    @model_validator(mode="after")
+    def _check(self) -> JobSpec:
+        if self.loss.loss_constant is not None and self.loss.loss_constant < self.sampling.max_new_tokens:
+            raise ValueError("loss.loss_constant must be >= sampling.max_new_tokens")
+        return self
+
+    def canonical_json(self) -> str:
+        """Sorted-key, compact JSON: the exact text that is signed and hashed."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        """Parse and validate (raises pydantic.ValidationError on bad input)."""
+        return cls.model_validate_json(text)
+
+
+def job_id_from_body(body: bytes) -> str:
+    """Job id: first 16 bytes of sha256 of the signed `Job` body, hex (32 characters)."""
+    return hashlib.sha256(b"swarmrl-job\x00" + body).hexdigest()[:32]
+
+
+ModelName = Literal["tiny", "google/gemma-3-270m"]

@@ -1,0 +1,146 @@
+"""Adapter versions for re-scoring: fetched as trainer-signed snapshots, cached per (job, version).
+
+A validator needs the exact adapter a completion claims (`policy_version`). It asks the job's
+trainer for a signed snapshot of that version (`FetchAdapter(snapshot=True, want_version=v)`),
+verifies it like a worker does (`adapter_sync`: trainer signature, payload sha256, adapter hash)
+and keeps the last few in an LRU. A version the trainer can't serve did not exist: the trainer
+serves every version up to its head, so an empty answer is `VersionUnavailable`.
+
+Version 0: the wire reads `want_version = 0` as "the head", so once the head has moved on, a
+snapshot of version 0 can't be asked for. It is rebuilt from the snapshot of version 1 minus
+the signed delta 0 -> 1 and checked against that delta's `from_hash`. (v1 = v0 + d exactly, so
+v1 - d equals v0 except where float32 rounding of v0 + d lost bits of v0; then it differs by at
+most an ulp and the hash mismatch is logged.)
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+
+from swarmrl.node.worker.adapter_sync import AdapterReplica, ReceivedUpdate, assemble
+from swarmrl.protocol import adapter as ad
+from swarmrl.protocol.identity import peer_id_from_public_key
+from swarmrl.protocol.pb import swarm_pb2 as pb
+
+log = logging.getLogger(__name__)
+DEFAULT_CAPACITY = 4
+
+Fetch = Callable[[pb.AdapterRequest], Iterable[pb.AdapterChunk]]
+"""A `FetchAdapter` call: e.g. `lambda req: stub.FetchAdapter(req, timeout=120)`."""
+
+
+class VersionUnavailable(LookupError):
+    """The trainer does not serve this version: it was never published."""
+
+    def __init__(self, job_id: str, version: int) -> None:
+        super().__init__(f"job {job_id[:12]}: the trainer does not serve adapter version {version}")
+        self.version = version
+
+
+class AdapterSource(ABC):
+    """The adapter states of one job, by version."""
+
+    job_id: str
+
+    @abstractmethod
+    def state(self, version: int) -> tuple[ad.State, bytes]:
+        """(state, adapter hash) of `version`.
+
+        Raises:
+            VersionUnavailable: the version does not exist.
+            ad.AdapterError: what arrived does not verify.
+        """
+
+
+class InMemoryAdapters(AdapterSource):
+    """A job's versions held in memory (simulations, tests, a trainer validating itself)."""
+
+    def __init__(self, job_id: str, states: Mapping[int, ad.State]) -> None:
+        self.job_id = job_id
+        self._states = {int(v): ad.clone_state(s) for v, s in states.items()}
+
+    def state(self, version: int) -> tuple[ad.State, bytes]:
+        if version not in self._states:
+            raise VersionUnavailable(self.job_id, version)
+        s = self._states[version]
+        return s, ad.adapter_hash(s)
+
+
+class SnapshotCache:
+    """LRU of verified adapter states keyed by (job id, version), shared by a validator's jobs."""
+
+    def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._items: OrderedDict[tuple[str, int], tuple[ad.State, bytes]] = OrderedDict()
+
+    def get(self, job_id: str, version: int, load: Callable[[], tuple[ad.State, bytes]]) -> tuple[ad.State, bytes]:
+        """The cached entry, or `load()`'s result (cached; the least recently used one leaves)."""
+        key = (job_id, version)
+        if key in self._items:
+            self._items.move_to_end(key)
+            return self._items[key]
+        value = load()
+        self._items[key] = value
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+        return value
+
+    def __contains__(self, key: tuple[str, int]) -> bool:
+        return key in self._items
+
+
+class TrainerAdapters(AdapterSource):
+    """A job's versions fetched from its trainer as signed snapshots (see the module docstring).
+
+    fetch: the trainer's FetchAdapter call; trainer_public_key: from the job's signed DHT record.
+    """
+
+    def __init__(self, job_id: str, trainer_public_key: bytes, fetch: Fetch, cache: SnapshotCache) -> None:
+        self.job_id = job_id
+        self.trainer_public_key = trainer_public_key
+        self.trainer_id = peer_id_from_public_key(trainer_public_key)
+        self.fetch = fetch
+        self.cache = cache
+
+    def state(self, version: int) -> tuple[ad.State, bytes]:
+        return self.cache.get(self.job_id, version, lambda: self._load(version))
+
+    def _updates(self, req: pb.AdapterRequest) -> list[ReceivedUpdate]:
+        return list(assemble(self.fetch(req), self.trainer_id))
+
+    def _load(self, version: int) -> tuple[ad.State, bytes]:
+        updates = self._updates(pb.AdapterRequest(job_id=self.job_id, want_version=version, snapshot=True))
+        if not updates:
+            raise VersionUnavailable(self.job_id, version)
+        snap = updates[0]
+        if not snap.header.snapshot or snap.header.job_id != self.job_id:
+            raise ad.AdapterError(f"asked for a snapshot of job {self.job_id[:12]}, got something else")
+        if snap.header.to_version != version:
+            if version == 0:
+                return self._rebuild_version_0()
+            raise ad.AdapterError(f"asked for version {version}, the trainer sent {snap.header.to_version}")
+        replica = AdapterReplica(self.job_id, self.trainer_public_key)
+        replica.apply(snap)
+        assert replica.state is not None
+        return replica.state, replica.hash
+
+    def _rebuild_version_0(self) -> tuple[ad.State, bytes]:
+        """v0 = v1 - (delta 0 -> 1), checked against the delta's signed `from_hash`."""
+        v1, _ = self.state(1)
+        updates = self._updates(pb.AdapterRequest(job_id=self.job_id, have_version=0, want_version=1))
+        if not updates or updates[0].header.snapshot or updates[0].header.to_version != 1:
+            raise ad.AdapterError(f"job {self.job_id[:12]}: the trainer did not serve the delta 0 -> 1")
+        header = updates[0].header
+        delta = ad.decode_state(updates[0].payload)
+        if set(delta) != set(v1):
+            raise ad.AdapterError("delta 0 -> 1 does not match the layout of version 1")
+        v0 = {k: (v1[k] - delta[k]).contiguous() for k in v1}
+        got = ad.adapter_hash(v0)
+        if got != header.from_hash:
+            log.info("job %s: rebuilt version 0 differs from its signed hash by float32 rounding", self.job_id[:12])
+        return v0, bytes(header.from_hash)

@@ -1,0 +1,36 @@
+"""The validator process: find jobs in the DHT, spot-check their admitted rollouts, report verdicts.
+
+Main loop: find jobs -> for each: sample admitted batches -> ladder of checks -> sign verdicts
+-> report to the trainer -> update reputation.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from swarmrl.node.config import ValidatorConfig
+from swarmrl.node.runtime import set_threads, setup_logging, stop_event, write_ready
+from swarmrl.node.swarm.dht import find_jobs, start_dht
+from swarmrl.protocol.identity import Identity
+from swarmrl.validator.service import ValidatorService
+
+log = logging.getLogger(__name__)
+
+
+def run(cfg: ValidatorConfig) -> None:
+    """Start the validator and validate until SIGTERM / SIGINT."""
+    setup_logging("validator")
+    set_threads(cfg.threads)
+    stop = stop_event()
+    identity = Identity.load_or_create(cfg.key)
+    dht = start_dht(cfg.net.initial_peers, host=cfg.net.host, port=cfg.net.dht_port)
+    service = ValidatorService(cfg, identity)
+    write_ready(cfg.ready_file, {"peer_id": identity.peer_id})
+    log.info("validator %s started", identity.peer_id)
+    try:
+        while not stop.is_set():
+            if not service.poll(find_jobs(dht)):
+                stop.wait(cfg.poll_s)
+    finally:
+        service.close()
+        dht.shutdown()

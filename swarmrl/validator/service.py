@@ -1,0 +1,220 @@
+"""The validator's network side: follow jobs' trainers, judge admitted batches, report verdicts.
+
+One round per job: SampleAdmitted(after the saved cursor) -> GetJobStatus (the head, read after
+the batches were admitted) -> per batch: `Validator.validate_batch` -> sign a `VerdictReport`
+(domain "verdicts") -> ReportVerdicts -> advance the cursor. The cursor moves only after the
+report went out, so a crash or an unreachable trainer means the batch is judged again, never
+skipped. One base model is loaded once per distinct weights hash (normally one), with one adapter
+slot per job; adapter snapshots are shared through one LRU.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from swarmrl.node.config import ValidatorConfig
+from swarmrl.node.grpc_options import channel_options
+from swarmrl.node.inference import build_backend
+from swarmrl.node.inference.hf import HFBackend
+from swarmrl.node.models import base_model_sha256, prepare_base_model, resolve_model_name
+from swarmrl.node.swarm.dht import VerifiedRecord
+from swarmrl.protocol import signing
+from swarmrl.protocol.envs import get_environment
+from swarmrl.protocol.identity import Identity
+from swarmrl.protocol.jobspec import JobSpec
+from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
+from swarmrl.validator.adapters import SnapshotCache, TrainerAdapters
+from swarmrl.validator.checks import LogprobTolerance
+from swarmrl.validator.reputation import Reputation
+from swarmrl.validator.sampling import load_or_create_key
+from swarmrl.validator.seen import SeenStore
+from swarmrl.validator.validator import Validator, ValidatorSettings
+
+log = logging.getLogger(__name__)
+MAX_BATCHES = 16           # admitted batches asked per round and job
+MAX_VERDICTS_PER_REPORT = 512
+RPC_TIMEOUT_S = 30.0
+FETCH_TIMEOUT_S = 120.0
+
+
+def sign_report(identity: Identity, job_id: str, verdicts: list[pb.Verdict], now_ms: int) -> pb.Signed:
+    """A signed `VerdictReport` (domain "verdicts") of one job's verdicts."""
+    report = pb.VerdictReport(job_id=job_id, verdicts=verdicts, created_ms=now_ms)
+    return signing.sign(identity, signing.VERDICTS, report)
+
+
+@dataclass
+class JobWatch:
+    """A job the validator follows: its record, spec, trainer stub and adapter source."""
+
+    record: VerifiedRecord
+    spec: JobSpec
+    channel: grpc.Channel
+    stub: pb_grpc.TrainerStub
+    adapters: TrainerAdapters
+    model_sha: str
+    refused_reported: bool = False
+
+    @classmethod
+    def open(cls, record: VerifiedRecord, *, max_message_mb: int, cache: SnapshotCache) -> JobWatch:
+        """Connect to the job's trainer. Raises ValueError when the record's spec does not parse
+        or names an environment that is not installed here."""
+        r = record.record
+        spec = JobSpec.from_json(r.spec_json)
+        get_environment(spec.environment, spec.env_version)  # installed here, or ValueError
+        channel = grpc.insecure_channel(r.endpoint, options=channel_options(max_message_mb))
+        stub = pb_grpc.TrainerStub(channel)
+        adapters = TrainerAdapters(r.job_id, record.trainer_public_key,
+                                   lambda req: stub.FetchAdapter(req, timeout=FETCH_TIMEOUT_S), cache)
+        return cls(record, spec, channel, stub, adapters, r.base_model_sha256.hex())
+
+    @property
+    def job_id(self) -> str:
+        return self.record.record.job_id
+
+    @property
+    def trainer_id(self) -> str:
+        return self.record.trainer_id
+
+    def sample(self, after_seq: int) -> list[pb.AdmittedBatch]:
+        req = pb.SampleRequest(job_id=self.job_id, after_seq=after_seq, max_batches=MAX_BATCHES)
+        return list(self.stub.SampleAdmitted(req, timeout=RPC_TIMEOUT_S))
+
+    def head_version(self) -> int:
+        return int(self.stub.GetJobStatus(pb.JobStatusRequest(job_id=self.job_id), timeout=RPC_TIMEOUT_S).policy_version)
+
+    def report(self, envelope: pb.Signed) -> pb.VerdictAck:
+        return self.stub.ReportVerdicts(envelope, timeout=RPC_TIMEOUT_S)
+
+    def close(self) -> None:
+        self.channel.close()
+
+
+class ValidatorService:
+    """Everything a validator process holds between rounds (stores, models, followed jobs)."""
+
+    def __init__(self, cfg: ValidatorConfig, identity: Identity) -> None:
+        self.cfg, self.identity = cfg, identity
+        state = Path(cfg.state_dir)
+        self.seen = SeenStore(state / "seen.sqlite")
+        self.reputation = Reputation(state / "reputation.sqlite")
+        self.sampling_key = load_or_create_key(state / "sampling.key")
+        self.settings = ValidatorSettings(
+            base_rate=cfg.sample_rate, logprob=LogprobTolerance.from_mean(cfg.logprob_tolerance),
+            grade_timeout_s=cfg.grade_timeout_s,
+        )
+        self.cache = SnapshotCache()
+        self.validators: dict[str, Validator] = {}   # by base-model weights sha256
+        self.unservable: set[str] = set()           # base models (sha) this validator can't load
+        self.watches: dict[tuple[str, str], JobWatch] = {}
+        self.unusable: set[tuple[str, str]] = set()   # jobs whose record this validator can't use
+
+    def close(self) -> None:
+        for watch in self.watches.values():
+            watch.close()
+        for v in self.validators.values():
+            v.close()
+        self.seen.close()
+        self.reputation.close()
+
+    # ---- models
+
+    def validator_for(self, record: pb.JobRecord) -> Validator | None:
+        """The validator holding the job's base model (loaded on first use), or None when this
+        machine can't provide those exact weights."""
+        sha = record.base_model_sha256.hex()
+        if sha in self.validators:
+            return self.validators[sha]
+        if sha in self.unservable:
+            return None
+        try:
+            path = prepare_base_model(resolve_model_name(record.base_model), self.cfg.cache_dir)
+            if base_model_sha256(path) != sha:
+                raise ValueError(f"local {record.base_model} weights differ from the job's sha256 {sha[:12]}")
+        except (ValueError, RuntimeError) as exc:
+            log.warning("can't validate jobs on %s: %s", record.base_model, exc)
+            self.unservable.add(sha)
+            return None
+        backend = build_backend("hf", path)
+        assert isinstance(backend, HFBackend), "the validator rescores with the transformers backend"
+        self.validators[sha] = Validator(backend, seen=self.seen, reputation=self.reputation,
+                                         sampling_key=self.sampling_key, settings=self.settings)
+        log.info("loaded %s for validation", record.base_model)
+        return self.validators[sha]
+
+    # ---- rounds
+
+    def poll(self, records: list[VerifiedRecord]) -> int:
+        """One round over every job in `records`; returns the number of verdicts sent."""
+        sent = 0
+        for rec in records:
+            key = (rec.record.job_id, rec.trainer_id)
+            validator = None if key in self.unusable else self.validator_for(rec.record)
+            watch = self.watch(rec) if validator is not None else None
+            if watch is None or validator is None:
+                continue
+            try:
+                n, caught_up = self.round(watch, validator)
+            except grpc.RpcError as exc:
+                log.warning("job %s: trainer %s unreachable (%s)", watch.job_id[:12], rec.record.endpoint, exc.code())
+                continue
+            sent += n
+            if caught_up and rec.record.done:
+                validator.forget_job(watch.job_id)
+        live = {(rec.record.job_id, rec.trainer_id) for rec in records}
+        for key in [k for k in self.watches if k not in live]:  # records expired: the trainer is gone
+            self.watches.pop(key).close()
+        return sent
+
+    def watch(self, rec: VerifiedRecord) -> JobWatch | None:
+        """The job's open watch (reopened when the trainer moved), or None for an unusable record."""
+        key = (rec.record.job_id, rec.trainer_id)
+        watch = self.watches.get(key)
+        if watch is not None and watch.record.record.endpoint == rec.record.endpoint:
+            watch.record = rec
+            return watch
+        if watch is not None:
+            self.watches.pop(key).close()
+        try:
+            watch = JobWatch.open(rec, max_message_mb=self.cfg.max_message_mb, cache=self.cache)
+        except ValueError as exc:
+            log.warning("job %s: can't validate it: %s", key[0][:12], str(exc)[:200])
+            self.unusable.add(key)
+            return None
+        self.watches[key] = watch
+        return watch
+
+    def round(self, watch: JobWatch, validator: Validator) -> tuple[int, bool]:
+        """Judge the next admitted batches of one job. Returns (verdicts sent, caught up)."""
+        batches = watch.sample(self.seen.cursor(watch.job_id, watch.trainer_id))
+        if not batches:
+            return 0, True
+        head = watch.head_version()
+        sent = 0
+        for admitted in batches:
+            verdicts = validator.validate_batch(admitted, watch.spec, job_id=watch.job_id, head_version=head,
+                                                adapters=watch.adapters)
+            sent += self.report(watch, verdicts)
+            self.seen.set_cursor(watch.job_id, watch.trainer_id, admitted.seq)
+        return sent, len(batches) < MAX_BATCHES
+
+    def report(self, watch: JobWatch, verdicts: list[pb.Verdict]) -> int:
+        """Sign and send verdicts (in reports of at most MAX_VERDICTS_PER_REPORT)."""
+        for lo in range(0, len(verdicts), MAX_VERDICTS_PER_REPORT):
+            part = verdicts[lo: lo + MAX_VERDICTS_PER_REPORT]
+            ack = watch.report(sign_report(self.identity, watch.job_id, part, int(time.time() * 1000)))
+            if ack.reason and not watch.refused_reported:
+                log.warning("job %s: trainer refused our verdicts: %s", watch.job_id[:12], ack.reason)
+                watch.refused_reported = True
+            for peer in ack.banned:
+                log.warning("job %s: trainer banned %s on our verdicts", watch.job_id[:12], peer[:12])
+        failed = sum(not v.passed for v in verdicts)
+        if verdicts:
+            log.info("job %s: %d verdicts (%d failed)", watch.job_id[:12], len(verdicts), failed)
+        return len(verdicts)

@@ -1,0 +1,52 @@
+"""Leases (issue, expire, re-issue) and the SQLite ledger (durable admission, restart)."""
+
+from swarmrl.node.trainer.leases import LeaseBook
+from swarmrl.node.trainer.ledger import Ledger
+from swarmrl.protocol.pb import swarm_pb2 as pb
+
+
+def test_indices_are_sequential_and_expired_ones_come_back_first():
+    book = LeaseBook("J", ttl_ms=100)
+    a = book.issue("w1", 3, 0, pb.SamplingParams(), now_ms=0)
+    b = book.issue("w2", 2, 0, pb.SamplingParams(), now_ms=0)
+    assert list(a.prompt_indices) == [0, 1, 2] and list(b.prompt_indices) == [3, 4]
+    book.record_answers(a.lease_id, [0])
+    assert book.expire(now_ms=50) == []
+    assert set(book.expire(now_ms=101)) == {a.lease_id, b.lease_id}
+    c = book.issue("w3", 4, 1, pb.SamplingParams(), now_ms=200)
+    assert sorted(c.prompt_indices) == [1, 2, 3, 4]
+    assert list(book.issue("w3", 1, 1, pb.SamplingParams(), now_ms=200).prompt_indices) == [5]
+
+
+def test_fully_answered_lease_closes():
+    book = LeaseBook("J", ttl_ms=100)
+    a = book.issue("w", 2, 0, pb.SamplingParams(), now_ms=0)
+    assert not book.record_answers(a.lease_id, [0])
+    assert book.record_answers(a.lease_id, [1])
+    assert book.get(a.lease_id) is None
+
+
+def test_ledger_survives_reopen_and_tracks_group_states(tmp_path):
+    path = tmp_path / "ledger.sqlite"
+    led = Ledger(path)
+    lease = pb.Lease(lease_id="L", job_id="J", peer_id="P", prompt_indices=[0, 1], deadline_ms=99)
+    led.add_lease(lease)
+    batch = pb.RolloutBatch(job_id="J", lease_id="L", peer_id="P")
+    groups = [pb.Group(prompt_index=i, completions=[pb.Completion(policy_version=2)]) for i in (0, 1)]
+    led.admit("b1", batch, pb.Signed(body=b"x"), groups, now_ms=5)
+    led.reject("J", "Q", "replay", now_ms=6, count=2)
+    led.close()
+
+    led = Ledger(path)
+    assert led.batch_seen("b1") and not led.batch_seen("b2")
+    assert led.admitted_indices("J") == {0, 1}
+    pending = led.pending("J", 10)
+    assert [p.group.prompt_index for p in pending] == [0, 1]
+    led.mark([pending[0].row_id], "trained", step=1)
+    assert led.count_pending("J") == 1
+    assert led.drop_peer("J", "P", "banned") == 1
+    assert led.group_counts("J") == {"trained": 1, "dropped": 1}
+    assert led.rejection_counts("J") == {"replay": 2}
+    restored = LeaseBook("J", ttl_ms=10)
+    restored.restore(led.leases("J", open_only=True), led.admitted_indices("J"))
+    assert list(restored.issue("w", 1, 0, pb.SamplingParams(), now_ms=0).prompt_indices) == [2]
