@@ -10,6 +10,12 @@ import pytest
 
 for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_var, "1")
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # 2 shared cores: oversubscribed torch threads crawl
+
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

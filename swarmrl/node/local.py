@@ -30,6 +30,7 @@ from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 console = Console(stderr=True)
+HELPER_NICE = 5  # workers and the validator run at lower CPU priority than the trainer
 METRIC_COLUMNS = ("step", "policy_version", "reward_mean", "groups_admitted", "groups_rejected", "staleness_mean",
                   "loss", "seconds")
 
@@ -64,7 +65,9 @@ class LocalSwarm:
         self.procs: dict[str, subprocess.Popen] = {}
         (work / "logs").mkdir(parents=True, exist_ok=True)
 
-    def start(self, name: str, role: str, overrides: list[str], threads: int = 1) -> None:
+    def start(self, name: str, role: str, overrides: list[str], threads: int = 1, nice: int = 0) -> None:
+        """Start `swarmrl <role>` with config overrides; `nice` lowers its CPU priority (the
+        trainer is the bottleneck on a shared CPU: workers and validators yield to it)."""
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
                "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -73,7 +76,7 @@ class LocalSwarm:
             args += ["-o", o]
         log = open(self.work / "logs" / f"{name}.log", "ab")
         self.procs[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                            start_new_session=True)
+                                            start_new_session=True, preexec_fn=(lambda: os.nice(nice)) if nice else None)
 
     def check_alive(self, names: list[str] | None = None) -> None:
         for name in names or list(self.procs):
@@ -147,12 +150,12 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path) -> dic
     endpoint = swarm.wait_ready("trainer", work / "trainer.ready", timeout_s=300)["endpoint"]
     swarm.start("validator", "validator", net + cache + [
         f"key={json.dumps(str(work / 'keys/validator.key'))}", f"state_dir={json.dumps(str(work / 'validator'))}",
-        f"threads={opts.threads.get('validator', 1)}"], threads=opts.threads.get("validator", 1))
+        f"threads={opts.threads.get('validator', 1)}"], threads=opts.threads.get("validator", 1), nice=HELPER_NICE)
     for w in workers:
         swarm.start(w, "worker", net + cache + [
             f"key={json.dumps(str(work / 'keys' / (w + '.key')))}", f"base_model={json.dumps(spec.base_model)}",
             f"ready_file={json.dumps(str(work / (w + '.ready')))}", "exit_when_done=true",
-            f"threads={opts.threads.get('worker', 1)}"], threads=opts.threads.get("worker", 1))
+            f"threads={opts.threads.get('worker', 1)}"], threads=opts.threads.get("worker", 1), nice=HELPER_NICE)
     with console.status(f"waiting for {len(workers)} workers to load {spec.base_model}"):
         for w in workers:
             swarm.wait_ready(w, work / f"{w}.ready", timeout_s=300)

@@ -23,7 +23,8 @@ LEASE_REQUEST = "lease-request"
 ROLLOUT_BATCH = "rollout-batch"
 ADAPTER_UPDATE = "adapter-update"
 VERDICTS = "verdicts"
-DOMAINS = frozenset({JOB, JOB_RECORD, LEASE_REQUEST, ROLLOUT_BATCH, ADAPTER_UPDATE, VERDICTS})
+DELTA_HOLDER = "delta-holder"
+DOMAINS = frozenset({JOB, JOB_RECORD, LEASE_REQUEST, ROLLOUT_BATCH, ADAPTER_UPDATE, VERDICTS, DELTA_HOLDER})
 
 M = TypeVar("M", bound=Message)
 

@@ -29,7 +29,6 @@ import torch
 from swarmrl.node.grading import Grade, GradingError, GradingPool
 from swarmrl.node.inference.hf import HFBackend
 from swarmrl.node.models import encode_prompt, vocab_size
-from swarmrl.protocol import adapter as ad
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol import signing
 from swarmrl.protocol.envs import get_environment
@@ -40,7 +39,7 @@ from swarmrl.validator import checks as ck
 from swarmrl.validator.adapters import AdapterSource, VersionUnavailable
 from swarmrl.validator.plausibility import DEFAULT_ALPHA, completion_plausibility, log_threshold
 from swarmrl.validator.reputation import Reputation
-from swarmrl.validator.rescoring import rescore
+from swarmrl.validator.rescoring import Rescored, rescore
 from swarmrl.validator.sampling import GroupPlan, plan_group
 from swarmrl.validator.seen import SeenStore
 
@@ -54,8 +53,9 @@ class ValidatorSettings:
 
     base_rate: floor of the share of groups checked fully (a job's `validation_rate` can raise it).
     logprob: tolerance of the logprob rung, raised to the model dtype's honest floor
-        (`checks.HONEST_MEAN_FLOOR`) if below it. alpha: false-alarm bound of the plausibility rung per
-    completion. grade_timeout_s: wall-clock limit of one reward-function call.
+        (`checks.HONEST_MEAN_FLOOR`) if below it.
+    alpha: false-alarm bound of the plausibility rung, per completion.
+    grade_timeout_s: wall-clock limit of one reward-function call.
     """
 
     base_rate: float = 0.25
@@ -245,7 +245,7 @@ class Validator:
             except VersionUnavailable as exc:
                 w.results.append(ck.fail(FRESHNESS, f"version {exc.version} was never published (the trainer can't serve it)"))
                 continue
-            except ad.AdapterError as exc:
+            except ValueError as exc:  # ad.AdapterError, or a state that doesn't fit the job's LoRA shape
                 w.results.append(ck.undecided(LOGPROB, f"adapter unavailable: {exc}"))
                 continue
             claimed = [list(c.logprobs) for c in w.group.completions]
@@ -259,9 +259,13 @@ class Validator:
             ]
             w.results.append(ck.check_plausibility(scores, self.log_threshold))
 
-    def _rescore_group(self, spec: JobSpec, job_id: str, adapters: AdapterSource, g: pb.Group) -> list:
-        """Recompute every completion under its own claimed version (one prefill per version)."""
-        out: list = [None] * len(g.completions)
+    def _rescore_group(self, spec: JobSpec, job_id: str, adapters: AdapterSource, g: pb.Group) -> list[Rescored]:
+        """Recompute every completion under its own claimed version (one prefill per version).
+
+        Raises VersionUnavailable for a version the source does not have, ValueError (AdapterError)
+        for an adapter that does not verify or fit the job's LoRA shape.
+        """
+        out: list[Rescored | None] = [None] * len(g.completions)
         for version in sorted({c.policy_version for c in g.completions}):
             rows = [i for i, c in enumerate(g.completions) if c.policy_version == version]
             self._load_adapter(spec, job_id, adapters, version)
@@ -271,7 +275,7 @@ class Validator:
                                  temperature=spec.sampling.temperature, pad_id=self.backend.pad_token_id)
             for i, r in zip(rows, scored, strict=True):
                 out[i] = r
-        return out
+        return [r for r in out if r is not None]
 
     def _load_adapter(self, spec: JobSpec, job_id: str, adapters: AdapterSource, version: int) -> None:
         state, digest = adapters.state(version)

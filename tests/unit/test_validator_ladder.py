@@ -82,7 +82,9 @@ def world(model_cache) -> Iterator[World]:
                    sampling=SamplingSpec(temperature=1.0, max_new_tokens=GREEDY_NEW, stop=()))
     template = peft.get_peft_model_state_dict(backend.model, adapter_name=PLACEHOLDER_ADAPTER)
     gen = torch.Generator().manual_seed(0)
-    v0 = {k: v.float().clone() for k, v in template.items()}
+    # LoRA's init (A random, B zero), drawn from our own generator so every run sees the same model
+    v0 = {k: 0.1 * torch.randn(v.shape, generator=gen) if "lora_A" in k else torch.zeros(v.shape)
+          for k, v in template.items()}
     v1 = {k: v + (0.3 * torch.randn(v.shape, generator=gen) if "lora_B" in k else 0) for k, v in v0.items()}
     backend.set_adapter("worker", v1)
     env = get_environment(spec.environment, spec.env_version)

@@ -68,9 +68,12 @@ def build_step_batch(groups: list[pb.Group], spec: JobSpec, current_version: int
             olds.append(list(c.logprobs))
             masks.append([keep] * len(c.token_ids))
             advs.append(adv)
-    t = max((len(o) for o in olds), default=0)
-    out.old_logprobs_BT = torch.tensor([o + [0.0] * (t - len(o)) for o in olds], dtype=torch.float32).reshape(-1, t)
-    out.mask_BT = torch.tensor([m + [False] * (t - len(m)) for m in masks], dtype=torch.bool).reshape(-1, t)
+    b, t = len(olds), max((len(o) for o in olds), default=0)
+    out.old_logprobs_BT = torch.zeros(b, t, dtype=torch.float32)
+    out.mask_BT = torch.zeros(b, t, dtype=torch.bool)
+    for i, (o, m) in enumerate(zip(olds, masks)):
+        out.old_logprobs_BT[i, :len(o)] = torch.tensor(o, dtype=torch.float32)
+        out.mask_BT[i, :len(m)] = torch.tensor(m, dtype=torch.bool)
     out.advantages_B = torch.tensor(advs, dtype=torch.float32)
     return out
 

@@ -17,8 +17,8 @@ every group of G completions had the same reward (zero advantage, zero gradient)
 - Rewards: `correctness_reward` (1.0 right, 0.0 wrong) weight 1.0, plus `format_reward`
   (1.0 when the first line parses to an integer) weight 0.1, a small nudge that keeps
   completions parseable without outweighing a single correct answer. Total in [0, 1.1].
-- Sampling: stop at "\\n" and `max_new_tokens = 8` (the longest answer, " 261\\n", is 5 Gemma
-  tokens).
+- Sampling: stop at "\\n" and `max_new_tokens = 8` (the longest answer, " 171\\n", is 5 Gemma
+  tokens; the base model's completions average ~3.8 tokens).
 
 Held-out split: every problem (a, op, b) is assigned to train or held-out by a hash, so
 held-out indices (>= HELDOUT_START) only ever show problems that training indices never show.
@@ -43,13 +43,16 @@ FEW_SHOT: tuple[tuple[int, str, int], ...] = (
 )
 
 # family name -> (weight, op, range of a, range of b); subtraction draws b from range_b capped at a.
-# Weights favour the families whose base-model success probability sits nearest 1/2.
+# Weights favour the families where Gemma 270M's per-problem success probability is spread over
+# (0, 1) (teacher-forced P(correct), all problems; E[groups of 8 with variance] in brackets):
+# add_1x1 0.62 [0.71], sub_1x1 0.37 [0.76], add_2x1 0.30 [0.74], sub_2x1 0.19 [0.60],
+# mul_1x1 0.86 [0.46], mul_2x1 0.34 [0.51].
 FAMILIES: dict[str, tuple[float, str, range, range]] = {
-    "add_1x1": (0.25, "+", range(1, 10), range(1, 10)),
+    "add_1x1": (0.30, "+", range(1, 10), range(1, 10)),
     "sub_1x1": (0.25, "-", range(1, 10), range(0, 10)),
-    "add_2x1": (0.25, "+", range(10, 40), range(1, 10)),
-    "sub_2x1": (0.10, "-", range(10, 40), range(1, 10)),
-    "mul_1x1": (0.10, "*", range(2, 10), range(2, 10)),
+    "add_2x1": (0.30, "+", range(10, 40), range(1, 10)),
+    "sub_2x1": (0.05, "-", range(10, 40), range(1, 10)),
+    "mul_1x1": (0.05, "*", range(2, 10), range(2, 10)),
     "mul_2x1": (0.05, "*", range(10, 20), range(2, 10)),
 }
 

@@ -129,6 +129,7 @@ class JobRecord(_message.Message):
     DONE_FIELD_NUMBER: _builtins.int
     SPEC_JSON_FIELD_NUMBER: _builtins.int
     TRAINER_PUBLIC_KEY_FIELD_NUMBER: _builtins.int
+    COTRAINER_KEYS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     trainer_id: _builtins.str
     """peer id of the trainer"""
@@ -147,6 +148,12 @@ class JobRecord(_message.Message):
     spec_json: _builtins.str
     """the job's JobSpec (canonical JSON), so workers need no extra call"""
     trainer_public_key: _builtins.bytes
+    @_builtins.property
+    def cotrainer_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
+        """Public keys of the job's other trainers this one averages with: their signed adapter updates
+        (bit-identical payloads) are as good as this trainer's own.
+        """
+
     def __init__(
         self,
         *,
@@ -163,10 +170,11 @@ class JobRecord(_message.Message):
         done: _builtins.bool = ...,
         spec_json: _builtins.str = ...,
         trainer_public_key: _builtins.bytes = ...,
+        cotrainer_keys: _abc.Iterable[_builtins.bytes] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_model", b"base_model", "base_model_sha256", b"base_model_sha256", "done", b"done", "endpoint", b"endpoint", "env_version", b"env_version", "environment", b"environment", "head_hash", b"head_hash", "head_version", b"head_version", "job_id", b"job_id", "spec_json", b"spec_json", "trainer_id", b"trainer_id", "trainer_public_key", b"trainer_public_key", "updated_ms", b"updated_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_model", b"base_model", "base_model_sha256", b"base_model_sha256", "cotrainer_keys", b"cotrainer_keys", "done", b"done", "endpoint", b"endpoint", "env_version", b"env_version", "environment", b"environment", "head_hash", b"head_hash", "head_version", b"head_version", "job_id", b"job_id", "spec_json", b"spec_json", "trainer_id", b"trainer_id", "trainer_public_key", b"trainer_public_key", "updated_ms", b"updated_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -521,6 +529,7 @@ class AdapterRequest(_message.Message):
     HAVE_VERSION_FIELD_NUMBER: _builtins.int
     WANT_VERSION_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
+    REQUESTER_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     have_version: _builtins.int
     """what the caller holds; ignored when snapshot is set"""
@@ -528,6 +537,8 @@ class AdapterRequest(_message.Message):
     """0 = the head"""
     snapshot: _builtins.bool
     """ask for a full adapter instead of deltas"""
+    requester: _builtins.str
+    """"worker", "trainer", ...: for the server's byte accounting only (not trusted)"""
     def __init__(
         self,
         *,
@@ -535,10 +546,11 @@ class AdapterRequest(_message.Message):
         have_version: _builtins.int = ...,
         want_version: _builtins.int = ...,
         snapshot: _builtins.bool = ...,
+        requester: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["have_version", b"have_version", "job_id", b"job_id", "snapshot", b"snapshot", "want_version", b"want_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["have_version", b"have_version", "job_id", b"job_id", "requester", b"requester", "snapshot", b"snapshot", "want_version", b"want_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -623,6 +635,110 @@ class AdapterChunk(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AdapterChunk: _TypeAlias = AdapterChunk  # noqa: Y015
+
+@_typing.final
+class HeldUpdate(_message.Message):
+    """---- delta gossip (peer to peer, over hivemind's libp2p streams) ----------------------------
+
+    One signed update a peer holds, named by its content address.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERSION_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_FIELD_NUMBER: _builtins.int
+    PAYLOAD_SHA256_FIELD_NUMBER: _builtins.int
+    PAYLOAD_SIZE_FIELD_NUMBER: _builtins.int
+    version: _builtins.int
+    """the update's to_version"""
+    snapshot: _builtins.bool
+    payload_sha256: _builtins.bytes
+    payload_size: _builtins.int
+    def __init__(
+        self,
+        *,
+        version: _builtins.int = ...,
+        snapshot: _builtins.bool = ...,
+        payload_sha256: _builtins.bytes = ...,
+        payload_size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["payload_sha256", b"payload_sha256", "payload_size", b"payload_size", "snapshot", b"snapshot", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___HeldUpdate: _TypeAlias = HeldUpdate  # noqa: Y015
+
+@_typing.final
+class DeltaHolder(_message.Message):
+    """Signed by a peer holding updates of a job (domain "delta-holder"); stored in the DHT under
+    "swarmrl/v1/deltas/{job_id}", subkey = holder_id, with an expiry.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    HOLDER_ID_FIELD_NUMBER: _builtins.int
+    LIBP2P_PEER_ID_FIELD_NUMBER: _builtins.int
+    UPDATES_FIELD_NUMBER: _builtins.int
+    UPDATED_MS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    holder_id: _builtins.str
+    """Ed25519 peer id of the holder (= the signer)"""
+    libp2p_peer_id: _builtins.bytes
+    """where to open a stream (hivemind PeerID bytes)"""
+    updated_ms: _builtins.int
+    @_builtins.property
+    def updates(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldUpdate]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        holder_id: _builtins.str = ...,
+        libp2p_peer_id: _builtins.bytes = ...,
+        updates: _abc.Iterable[Global___HeldUpdate] | None = ...,
+        updated_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder_id", b"holder_id", "job_id", b"job_id", "libp2p_peer_id", b"libp2p_peer_id", "updated_ms", b"updated_ms", "updates", b"updates"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeltaHolder: _TypeAlias = DeltaHolder  # noqa: Y015
+
+@_typing.final
+class UpdateRequest(_message.Message):
+    """Asked over the libp2p protocol "swarmrl.v1.FetchUpdate"; answered with a stream of AdapterChunk."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_FIELD_NUMBER: _builtins.int
+    PAYLOAD_SHA256_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    version: _builtins.int
+    """to_version of the update"""
+    snapshot: _builtins.bool
+    payload_sha256: _builtins.bytes
+    """the content address wanted"""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        version: _builtins.int = ...,
+        snapshot: _builtins.bool = ...,
+        payload_sha256: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "payload_sha256", b"payload_sha256", "snapshot", b"snapshot", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___UpdateRequest: _TypeAlias = UpdateRequest  # noqa: Y015
 
 @_typing.final
 class JobStatusRequest(_message.Message):
@@ -775,6 +891,26 @@ class JobStatus(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class UploadBytesEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     JOB_ID_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
@@ -790,6 +926,14 @@ class JobStatus(_message.Message):
     GROUPS_DROPPED_FIELD_NUMBER: _builtins.int
     TRAINER_ID_FIELD_NUMBER: _builtins.int
     SPEC_JSON_FIELD_NUMBER: _builtins.int
+    UPLOAD_BYTES_FIELD_NUMBER: _builtins.int
+    DELTA_BYTES_FIELD_NUMBER: _builtins.int
+    ADAPTER_BYTES_FIELD_NUMBER: _builtins.int
+    COTRAINERS_FIELD_NUMBER: _builtins.int
+    AVERAGING_ROUNDS_FIELD_NUMBER: _builtins.int
+    AVERAGING_SOLO_FIELD_NUMBER: _builtins.int
+    AVERAGING_EXCLUDED_FIELD_NUMBER: _builtins.int
+    STATE_SYNCS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     state: _builtins.str
     """"running" | "done" | "unknown" """
@@ -805,6 +949,16 @@ class JobStatus(_message.Message):
     trainer_id: _builtins.str
     spec_json: _builtins.str
     """the job's JobSpec (canonical JSON)"""
+    adapter_bytes: _builtins.int
+    """raw float32 bytes of the adapter's tensors"""
+    averaging_rounds: _builtins.int
+    """steps taken on a gradient averaged with other trainers"""
+    averaging_solo: _builtins.int
+    """steps with cotrainers known but the local gradient used"""
+    averaging_excluded: _builtins.int
+    """non-finite peer gradients left out of an average here"""
+    state_syncs: _builtins.int
+    """times this trainer adopted the job's state from a cotrainer"""
     @_builtins.property
     def groups_rejected(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """by reason"""
@@ -813,6 +967,18 @@ class JobStatus(_message.Message):
     def peers(self) -> _containers.RepeatedCompositeFieldContainer[Global___PeerInfo]: ...
     @_builtins.property
     def history(self) -> _containers.RepeatedCompositeFieldContainer[Global___StepMetrics]: ...
+    @_builtins.property
+    def upload_bytes(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """adapter payload bytes served over gRPC, by requester kind"""
+
+    @_builtins.property
+    def delta_bytes(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """payload bytes of each published delta, versions 1..head"""
+
+    @_builtins.property
+    def cotrainers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """peer ids of the trainers this one averages with now"""
+
     def __init__(
         self,
         *,
@@ -831,10 +997,18 @@ class JobStatus(_message.Message):
         groups_dropped: _builtins.int = ...,
         trainer_id: _builtins.str = ...,
         spec_json: _builtins.str = ...,
+        upload_bytes: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        delta_bytes: _abc.Iterable[_builtins.int] | None = ...,
+        adapter_bytes: _builtins.int = ...,
+        cotrainers: _abc.Iterable[_builtins.str] | None = ...,
+        averaging_rounds: _builtins.int = ...,
+        averaging_solo: _builtins.int = ...,
+        averaging_excluded: _builtins.int = ...,
+        state_syncs: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter_hash", b"adapter_hash", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_rejected", b"groups_rejected", "history", b"history", "job_id", b"job_id", "peers", b"peers", "policy_version", b"policy_version", "spec_json", b"spec_json", "state", b"state", "step", b"step", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter_bytes", b"adapter_bytes", "adapter_hash", b"adapter_hash", "averaging_excluded", b"averaging_excluded", "averaging_rounds", b"averaging_rounds", "averaging_solo", b"averaging_solo", "cotrainers", b"cotrainers", "delta_bytes", b"delta_bytes", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_rejected", b"groups_rejected", "history", b"history", "job_id", b"job_id", "peers", b"peers", "policy_version", b"policy_version", "spec_json", b"spec_json", "state", b"state", "state_syncs", b"state_syncs", "step", b"step", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "upload_bytes", b"upload_bytes", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,308 @@
+"""Gradient averaging among one job's trainers: hivemind's DecentralizedAverager, exact and NaN-proof.
+
+Legend: tensors here are flat lists of LoRA gradient tensors in the learner's parameter order.
+
+Trainers of one job average their LoRA gradients before every optimizer step, weighted by the
+tokens each admitted, so that they take the same step and publish the same adapter version. The
+group key holds the job and the policy version, so only trainers at the same version meet.
+Two changes to hivemind's butterfly all-reduce (`hivemind.averaging.allreduce`, Ryabinin et al.
+2021, "Moshpit SGD") make that safe:
+
+1. Exact. hivemind's reducer sends each member `average - local` and the member adds it back,
+   which differs from `average` in the last bit. Here the reducer of a part sends the averaged
+   part itself and every member copies it, so all members of a round that completes hold
+   bit-identical tensors.
+2. Non-finite inputs are excluded. A reducer checks every incoming part (its own included) and
+   its weight; a part holding NaN/inf, or a non-finite or negative weight, enters the sum as
+   zeros with weight 0 and the sender is counted as excluded. A member that receives a
+   non-finite averaged part (say, every sender of that part was excluded) treats that reducer as
+   failed.
+
+A round *agrees* when the member received every part from its reducer. Only then may a trainer
+use the result; otherwise it falls back to its own gradient (see `node.trainer.job`), and the
+version/hash reconciliation between trainers repairs a split (`node.swarm.cotrainers`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import hivemind
+import torch
+from hivemind.averaging.allreduce import AllreduceException, AllReduceRunner, AveragingMode
+from hivemind.averaging.control import StepControl
+from hivemind.averaging.group_info import GroupInfo
+from hivemind.averaging.load_balancing import load_balance_peers
+from hivemind.averaging.matchmaking import MatchmakingException
+from hivemind.averaging.partition import BannedException, TensorPartContainer
+from hivemind.compression import deserialize_torch_tensor, serialize_torch_tensor
+from hivemind.p2p import P2PContext, PeerID
+from hivemind.proto import averaging_pb2
+from hivemind.utils.asyncio import (
+    aiter_with_timeout,
+    amap_in_executor,
+    as_aiter,
+    attach_event_on_finished,
+    azip,
+    enter_asynchronously,
+)
+
+log = logging.getLogger(__name__)
+
+VERSION_BITS = 32
+
+
+def _part_ok(part: torch.Tensor, weight: float) -> bool:
+    return math.isfinite(weight) and weight >= 0 and bool(torch.isfinite(part).all())
+
+
+class ExactAllReduceRunner(AllReduceRunner):
+    """Butterfly all-reduce whose members end with identical averaged bits and whose reducers
+    leave non-finite parts out of the sum (see the module docstring)."""
+
+    def __init__(self, *, tensors: Sequence[torch.Tensor], peer_fractions: tuple[float, ...], **kwargs: Any) -> None:
+        container_kwargs = {k: kwargs[k] for k in ("compression", "part_size_bytes", "tensor_infos") if k in kwargs}
+        super().__init__(tensors=tensors, peer_fractions=peer_fractions, **kwargs)
+        index = self.ordered_peer_ids.index(self.peer_id)
+        self.tensor_part_container = TensorPartContainer(tensors, peer_fractions, return_deltas=False,
+                                                         **container_kwargs)
+        self.parts_for_local_averaging = self.tensor_part_container.get_raw_input_parts(index)
+        self.excluded: set[PeerID] = set()
+        self.failed_reducers: set[PeerID] = set()
+
+    async def _accumulate_checked(self, sender: PeerID, sender_index: int, part_index: int,
+                                  part: torch.Tensor, weight: float) -> torch.Tensor:
+        if not _part_ok(part, weight):
+            if sender not in self.excluded:
+                log.warning("averaging: excluding the non-finite gradient of %s", sender)
+            self.excluded.add(sender)
+            part, weight = torch.zeros_like(part), 0.0
+        return await self.tensor_part_reducer.accumulate_part(sender_index, part_index, part, weight=weight)
+
+    async def _communicate_with_peer(self, peer_id: PeerID) -> None:
+        peer_index = self.ordered_peer_ids.index(peer_id)
+        if peer_id == self.peer_id:
+            sender_index = self.sender_peer_ids.index(peer_id)
+            for part_index, part in enumerate(self.parts_for_local_averaging):
+                averaged = await self._accumulate_checked(peer_id, sender_index, part_index, part, self.weight)
+                self.tensor_part_container.register_processed_part(peer_index, part_index, averaged)
+            return
+        try:
+            done_sending = asyncio.Event()
+            inputs = self._generate_input_for_peer(peer_index)
+            stream = await self._get_peer_stub(peer_id).rpc_aggregate_part(attach_event_on_finished(inputs, done_sending))
+            if self.should_delay_results(self.peer_id):
+                await done_sending.wait()
+            part_index = 0
+
+            def _decode(msg: averaging_pb2.AveragingData) -> torch.Tensor:
+                if msg.code != averaging_pb2.AVERAGED_PART:
+                    raise AllreduceException(f"{peer_id} sent {averaging_pb2.MessageCode.Name(msg.code)}")
+                part = deserialize_torch_tensor(msg.tensor_part)
+                if not bool(torch.isfinite(part).all()):
+                    raise AllreduceException(f"{peer_id} sent a non-finite averaged part")
+                return part
+
+            async for averaged in amap_in_executor(_decode, aiter_with_timeout(stream, self.reducer_timeout),
+                                                   max_prefetch=self.tensor_part_container.prefetch):
+                self.tensor_part_container.register_processed_part(peer_index, part_index, averaged)
+                part_index += 1
+            if part_index != self.tensor_part_container.num_parts_by_peer[peer_index]:
+                raise AllreduceException(f"{peer_id} sent {part_index} parts, expected "
+                                         f"{self.tensor_part_container.num_parts_by_peer[peer_index]}")
+        except BaseException as exc:
+            log.debug("averaging: reducer %s failed: %r", peer_id, exc)
+            self.failed_reducers.add(peer_id)
+            self.tensor_part_container.register_failed_reducer(peer_index)
+            raise
+
+    async def _accumulate_parts_streaming(self, stream, sender_index: int):  # noqa: ANN001, ANN202 (hivemind's)
+        sender = self.sender_peer_ids[sender_index]
+        part_index = 0
+        try:
+            loop = asyncio.get_event_loop()
+            async for part, weight, compression in amap_in_executor(
+                lambda msg: (deserialize_torch_tensor(msg.tensor_part), msg.weight, msg.tensor_part.compression),
+                stream, max_prefetch=self.tensor_part_container.prefetch,
+            ):
+                try:
+                    averaged = await self._accumulate_checked(sender, sender_index, part_index, part, weight)
+                    part_index += 1
+                except BannedException:
+                    break
+                data = await loop.run_in_executor(None, lambda: serialize_torch_tensor(averaged, compression))
+                yield averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=data)
+        finally:
+            if part_index != self.tensor_part_reducer.num_parts:
+                await self._ban_sender(sender)
+
+
+class ExactAverager(hivemind.averaging.DecentralizedAverager):
+    """A DecentralizedAverager that runs `ExactAllReduceRunner`, copies (not adds) the result and
+    reports, per round, the gathered metadata, the excluded senders and failed reducers. Its
+    shareable state (for `load_state_from_peers`) comes from `state_provider`, set in the host."""
+
+    state_provider: Callable[[], tuple[Any, Sequence[torch.Tensor]]] | None = None
+
+    async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs: Any) -> dict:
+        try:
+            bandwidths, mode_ids, user_bytes = zip(*map(self.serializer.loads, group_info.gathered))
+            gathered = {p.to_base58(): self.serializer.loads(b) for p, b in zip(group_info.peer_ids, user_bytes)}
+            modes = tuple(map(AveragingMode, mode_ids))
+            download = [b if m != AveragingMode.CLIENT else 0.0 for b, m in zip(bandwidths, modes)]
+            fractions = await asyncio.get_event_loop().run_in_executor(
+                None, load_balance_peers, self.total_size, download, min_vector_size)
+            async with enter_asynchronously(self.get_tensors()) as local_tensors:
+                runner = await self._run_exact(local_tensors, group_info, peer_fractions=fractions, **kwargs)
+            return {"gathered": gathered, "excluded": sorted(p.to_base58() for p in runner.excluded),
+                    "failed_reducers": sorted(p.to_base58() for p in runner.failed_reducers),
+                    "group_size": len(group_info.peer_ids)}
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                log.debug("averaging round failed: %r", exc)
+            raise MatchmakingException(f"Unable to run All-Reduce: {exc}") from exc
+
+    async def _run_exact(self, tensors: Sequence[torch.Tensor], group_info: GroupInfo,
+                         **kwargs: Any) -> ExactAllReduceRunner:
+        runner = ExactAllReduceRunner(p2p=self._p2p, servicer_type=type(self), prefix=self.prefix, tensors=tensors,
+                                      group_id=group_info.group_id, ordered_peer_ids=group_info.peer_ids, **kwargs)
+        self._running_groups[group_info.group_id].set_result(runner)
+        async for tensor, averaged in azip(as_aiter(*tensors), runner):
+            tensor.copy_(averaged)
+        return runner
+
+    def get_current_state(self):  # noqa: ANN201 (hivemind's signature)
+        if self.state_provider is None:
+            return super().get_current_state()
+        metadata, tensors = self.state_provider()
+        return metadata, list(tensors), None
+
+
+@dataclass
+class RoundOutcome:
+    """What one averaging round gave this trainer.
+
+    averaged: the averaged tensors (bit-identical at every member) when `agreed`, else None.
+    """
+
+    agreed: bool
+    averaged: list[torch.Tensor] | None = None
+    group_size: int = 1
+    excluded: list[str] = field(default_factory=list)
+    gathered: dict[str, dict] = field(default_factory=dict)
+    reason: str = ""
+
+
+@dataclass
+class PendingRound:
+    """A round whose matchmaking has begun; gradients go in with `GradientAveraging.finish`."""
+
+    version: int
+    control: StepControl
+
+
+class GradientAveraging:
+    """One job's gradient averager in a trainer (host side of an `ExactAverager` process).
+
+    `template` gives the shapes (the LoRA parameters, in order). Rounds for version v use the
+    group key `swarmrl_avg_{job}.0b{v as 32 bits}`.
+    """
+
+    def __init__(self, dht: hivemind.DHT, job_id: str, template: Sequence[torch.Tensor], *,
+                 matchmaking_s: float = 2.0, chunk_timeout_s: float = 30.0, allreduce_timeout_s: float = 60.0) -> None:
+        self.dht = dht
+        self.prefix = f"swarmrl_avg_{job_id}"
+        self.matchmaking_s = matchmaking_s
+        self.allreduce_timeout_s = allreduce_timeout_s
+        tensors = [torch.zeros_like(t, dtype=torch.float32, device="cpu") for t in template]
+        self.averager = ExactAverager(
+            tensors, dht, start=True, prefix=self.prefix, min_group_size=2, initial_group_bits="0" * VERSION_BITS,
+            min_matchmaking_time=matchmaking_s, request_timeout=min(1.0, matchmaking_s / 2),
+            next_chunk_timeout=chunk_timeout_s, allreduce_timeout=allreduce_timeout_s, declare_state_period=10.0,
+        )
+        self.peer_id = dht.peer_id
+
+    @staticmethod
+    def bits(version: int) -> str:
+        return format(version % (1 << VERSION_BITS), f"0{VERSION_BITS}b")
+
+    def group_key(self, version: int) -> str:
+        return f"{self.prefix}.0b{self.bits(version)}"
+
+    def peer_round_open(self, version: int) -> bool:
+        """True when another averager is looking for a group at `version` (so this trainer joins)."""
+        found = self.dht.get(self.group_key(version), latest=True)
+        if found is None or not isinstance(found.value, dict):
+            return False
+        mine = self.peer_id.to_bytes()
+        return any(k != mine and bool(v.value) for k, v in found.value.items())
+
+    def begin(self, version: int, info: dict) -> PendingRound:
+        """Start matchmaking for `version` now; `info` is gathered from every member (msgpack-able)."""
+        self.averager.set_group_bits(self.bits(version))
+        timeout = self.matchmaking_s + 1.0
+        control = self.averager.step(gather=info, weight=0.0, timeout=timeout, allow_retries=False,
+                                     require_trigger=True, wait=False)
+        return PendingRound(version, control)
+
+    def finish(self, pending: PendingRound, grads: Sequence[torch.Tensor], weight: float) -> RoundOutcome:
+        """Put this trainer's gradients (weight = admitted tokens; 0 to only help) into the round
+        and wait for it. Never raises for a failed round: the outcome says why."""
+        control = pending.control
+        with self.averager.get_tensors() as tensors:
+            for t, g in zip(tensors, grads):
+                t.copy_(g)
+        if not control.done():
+            with contextlib.suppress(AssertionError):
+                control.weight = float(weight)
+            control.allow_allreduce()
+        try:
+            result = control.result(timeout=self.matchmaking_s * 2 + self.allreduce_timeout_s + 5)
+        except Exception as exc:  # noqa: BLE001 - a failed/lonely round is an outcome, not an error
+            return RoundOutcome(False, reason=_reason(exc))
+        if result is None:
+            return RoundOutcome(False, reason="no_group")
+        if result["failed_reducers"]:
+            return RoundOutcome(False, group_size=result["group_size"], excluded=result["excluded"],
+                                gathered=result["gathered"], reason="failed_reducer")
+        with self.averager.get_tensors() as tensors:
+            averaged = [t.detach().clone() for t in tensors]
+        if not all(bool(torch.isfinite(t).all()) for t in averaged):
+            return RoundOutcome(False, group_size=result["group_size"], excluded=result["excluded"],
+                                gathered=result["gathered"], reason="non_finite_result")
+        return RoundOutcome(True, averaged, result["group_size"], result["excluded"], result["gathered"])
+
+    def set_state(self, provider: Callable[[], tuple[Any, Sequence[torch.Tensor]]], priority: float) -> None:
+        """Share this trainer's state (`provider()` -> (metadata, tensors)) with peers that load it;
+        peers prefer the highest `priority`."""
+        self.averager.state_provider = provider
+        self.averager.state_sharing_priority = priority
+
+    def load_state(self, timeout_s: float = 30.0) -> tuple[Any, list[torch.Tensor]] | None:
+        """Download the state of the peer with the highest priority (None when none answers)."""
+        try:
+            got = self.averager.load_state_from_peers(timeout=timeout_s)
+        except Exception as exc:  # noqa: BLE001 - peers can fail; the caller retries later
+            log.warning("loading state from peers failed: %r", exc)
+            return None
+        if got is None:
+            return None
+        metadata, tensors = got
+        return metadata, list(tensors)
+
+    def shutdown(self) -> None:
+        with contextlib.suppress(Exception):
+            self.averager.shutdown()
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc)
+    if "could not find a group" in text or isinstance(exc, TimeoutError):
+        return "no_group"
+    return f"failed: {type(exc).__name__}: {text[:120]}"

@@ -1,0 +1,76 @@
+"""Who holds which adapter updates: signed, expiring `DeltaHolder` records in the DHT.
+
+A peer that holds signed updates of a job (deltas and snapshots, each named by the sha256 of its
+payload) announces them in one record under `swarmrl/v1/deltas/{job_id}`, subkey = its Ed25519
+peer id, signed with its key (domain "delta-holder") and carrying the libp2p peer id to open a
+stream to. Records expire after `RECORD_TTL_S`; holders refresh them every `REFRESH_S` and after
+every change (TTL > refresh period + clock skew, as for job records). Readers verify every record
+and drop the ones that fail; a valid record only says where to ask: what comes back is verified
+against the trainer's signature and the content address before it is used.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+
+import hivemind
+from hivemind.utils import get_dht_time
+
+from swarmrl.node.swarm.dht import RECORD_TTL_S
+from swarmrl.protocol import signing
+from swarmrl.protocol.identity import Identity
+from swarmrl.protocol.pb import swarm_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+
+def holders_key(job_id: str) -> str:
+    return f"swarmrl/v1/deltas/{job_id}"
+
+
+UpdateKey = tuple[int, bool]
+"""(to_version, snapshot): which update of a job."""
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A verified holder of one update: who (Ed25519 id), where (libp2p id), which content."""
+
+    holder_id: str
+    libp2p_peer_id: bytes
+    payload_sha256: bytes
+    payload_size: int
+
+
+def announce_holdings(dht: hivemind.DHT, identity: Identity, job_id: str, libp2p_peer_id: bytes,
+                      held: list[pb.HeldUpdate], now_ms: int) -> bool:
+    """Sign and store (or refresh) this peer's holdings of `job_id`; returns whether it stored."""
+    record = pb.DeltaHolder(job_id=job_id, holder_id=identity.peer_id, libp2p_peer_id=libp2p_peer_id,
+                            updates=held, updated_ms=now_ms)
+    envelope = signing.sign(identity, signing.DELTA_HOLDER, record)
+    return bool(dht.store(holders_key(job_id), envelope.SerializeToString(),
+                          expiration_time=get_dht_time() + RECORD_TTL_S, subkey=identity.peer_id))
+
+
+def find_holders(dht: hivemind.DHT, job_id: str) -> dict[UpdateKey, list[Holder]]:
+    """Every announced update of `job_id` with its verified holders (bad records are dropped)."""
+    found = dht.get(holders_key(job_id), latest=True)
+    if found is None or not isinstance(found.value, dict):
+        return {}
+    out: dict[UpdateKey, list[Holder]] = defaultdict(list)
+    for subkey, item in found.value.items():
+        try:
+            envelope = pb.Signed.FromString(item.value)
+            record, signer = signing.open_signed(envelope, signing.DELTA_HOLDER, pb.DeltaHolder)
+        except Exception as exc:  # noqa: BLE001 - a peer can store anything: drop it
+            log.debug("dropping holder record %s: %s", subkey, exc)
+            continue
+        if record.holder_id != signer or subkey != signer or record.job_id != job_id:
+            log.debug("dropping holder record %s: signer %s does not match", subkey, signer)
+            continue
+        for u in record.updates:
+            out[(int(u.version), bool(u.snapshot))].append(
+                Holder(signer, bytes(record.libp2p_peer_id), bytes(u.payload_sha256), int(u.payload_size)))
+    return dict(out)
