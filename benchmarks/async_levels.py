@@ -23,7 +23,8 @@ def run_level(level: int, args: argparse.Namespace, root: Path) -> dict:
     out = root / f"async{level}"
     summary = run_up(UpOptions(out=out, model=args.model, steps=args.steps, workers=args.workers,
                                max_async_level=level, seed=args.seed))
-    rows = list(csv.DictReader(open(out / "metrics.csv")))
+    with open(out / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
     ess = [float(r["ess"]) for r in rows if r.get("ess")]
     tail = [float(r["reward_mean"]) for r in rows[-max(1, args.steps // 4):]]
     stale = summary["groups_rejected"].get("stale", 0)

@@ -39,8 +39,16 @@ def cut_at_stop(text: str, stop: Sequence[str]) -> str:
     return text[: min(ends)] if ends else text
 
 
-def generate(model, tokenizer, prompts: list[str], env: Environment, *, sample: bool, max_new_tokens: int,
-             batch_size: int) -> Generated:
+def generate(
+    model,
+    tokenizer,
+    prompts: list[str],
+    env: Environment,
+    *,
+    sample: bool,
+    max_new_tokens: int,
+    batch_size: int,
+) -> Generated:
     """Batched HF generate (left padding); greedy, or pure temperature-1 sampling (no top-k/top-p)."""
     texts: list[str] = []
     n_tokens: list[int] = []
@@ -49,15 +57,22 @@ def generate(model, tokenizer, prompts: list[str], env: Environment, *, sample: 
         chunk = [encode_prompt(tokenizer, p) for p in prompts[lo : lo + batch_size]]
         padded = tokenizer.pad({"input_ids": chunk}, padding=True, return_tensors="pt")
         ids_BT, mask_BT = padded["input_ids"], padded["attention_mask"]
-        sampling = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0} if sample else {
-            "do_sample": False}
+        sampling = (
+            {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
+            if sample
+            else {"do_sample": False}
+        )
         with torch.no_grad():
             out_BT = model.generate(
-                input_ids=ids_BT, attention_mask=mask_BT, max_new_tokens=max_new_tokens,
-                stop_strings=list(env.stop), tokenizer=tokenizer, pad_token_id=tokenizer.pad_token_id,
+                input_ids=ids_BT,
+                attention_mask=mask_BT,
+                max_new_tokens=max_new_tokens,
+                stop_strings=list(env.stop),
+                tokenizer=tokenizer,
+                pad_token_id=tokenizer.pad_token_id,
                 **sampling,
             )
-        for row in out_BT[:, ids_BT.shape[1]:].tolist():
+        for row in out_BT[:, ids_BT.shape[1] :].tolist():
             text, used = _decode_until_stop(tokenizer, row, env.stop)
             texts.append(text)
             n_tokens.append(used)
@@ -98,31 +113,57 @@ def run_model(name: str, env: Environment, specs: list[PromptSpec], args: argpar
     prep_s = time.perf_counter() - t0
     model, tokenizer = load_causal_lm(folder, num_threads=args.threads)
     prompts = [s.text for s in specs]
-    greedy = generate(model, tokenizer, prompts, env, sample=False, max_new_tokens=args.max_new_tokens,
-                      batch_size=args.batch_size)
+    greedy = generate(
+        model,
+        tokenizer,
+        prompts,
+        env,
+        sample=False,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+    )
     torch.manual_seed(args.seed)
     group_specs = [s for s in specs for _ in range(args.g)]
-    sampled = generate(model, tokenizer, [s.text for s in group_specs], env, sample=True,
-                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    sampled = generate(
+        model,
+        tokenizer,
+        [s.text for s in group_specs],
+        env,
+        sample=True,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+    )
     greedy_ok = correctness(env, specs, greedy.texts)
     sampled_ok = correctness(env, group_specs, sampled.texts)
     sampled_total = totals(env, group_specs, sampled.texts)
     print(f"\n== {resolve_model_name(name)}  ({folder}; prepare {prep_s:.1f}s)")
-    print(f"prompts {len(specs)} held-out, G={args.g}, max_new_tokens={args.max_new_tokens}, "
-          f"threads={args.threads}, batch={args.batch_size}")
+    print(
+        f"prompts {len(specs)} held-out, G={args.g}, max_new_tokens={args.max_new_tokens}, "
+        f"threads={args.threads}, batch={args.batch_size}"
+    )
     print(f"greedy accuracy            {statistics.mean(greedy_ok):.3f}")
     print(f"sampled accuracy (T=1)     {statistics.mean(sampled_ok):.3f}")
     print(f"groups with reward variance (correctness) {varied_fraction(sampled_ok, args.g):.3f}")
     print(f"groups with reward variance (total)       {varied_fraction(sampled_total, args.g):.3f}")
-    print(f"parseable (format) rate    {statistics.mean(r[1] or 0.0 for r in env.rewards(group_specs, sampled.texts)):.3f}")
+    print(
+        f"parseable (format) rate    {statistics.mean(r[1] or 0.0 for r in env.rewards(group_specs, sampled.texts)):.3f}"
+    )
     for label, gen in (("greedy", greedy), ("sampled", sampled)):
         tokens = sum(gen.n_tokens)
-        print(f"{label:8s} tokens/s {tokens / gen.seconds:7.1f}  ({tokens} tokens, {gen.seconds:.1f}s, "
-              f"mean {tokens / len(gen.n_tokens):.2f} tokens/completion)")
+        print(
+            f"{label:8s} tokens/s {tokens / gen.seconds:7.1f}  completions/s {len(gen.texts) / gen.seconds:6.1f}  "
+            f"({tokens} new tokens, {gen.seconds:.1f}s, mean {tokens / len(gen.n_tokens):.2f} per completion; "
+            "prompt prefill included in the time)"
+        )
     _print_families(specs, greedy_ok, sampled_ok, args.g)
     print("examples (greedy):", [(s.text.rsplit("\n", 1)[-1], t) for s, t in zip(specs[:6], greedy.texts)])
-    print("examples (sampled):", [(group_specs[i].text.rsplit("\n", 1)[-1], sampled.texts[i])
-                                  for i in range(0, min(len(sampled.texts), 6 * args.g), args.g)])
+    print(
+        "examples (sampled):",
+        [
+            (group_specs[i].text.rsplit("\n", 1)[-1], sampled.texts[i])
+            for i in range(0, min(len(sampled.texts), 6 * args.g), args.g)
+        ],
+    )
 
 
 def _print_families(specs: list[PromptSpec], greedy_ok: list[float], sampled_ok: list[float], g: int) -> None:
@@ -133,8 +174,10 @@ def _print_families(specs: list[PromptSpec], greedy_ok: list[float], sampled_ok:
         groups = [sampled_ok[i * g : (i + 1) * g] for i in idx]
         varied = sum(max(gr) > min(gr) for gr in groups) / len(groups)
         acc = statistics.mean(v for gr in groups for v in gr)
-        print(f"  {family:10s} n={len(idx):3d} greedy {statistics.mean(greedy_ok[i] for i in idx):.2f} "
-              f"sampled {acc:.2f} varied {varied:.2f}")
+        print(
+            f"  {family:10s} n={len(idx):3d} greedy {statistics.mean(greedy_ok[i] for i in idx):.2f} "
+            f"sampled {acc:.2f} varied {varied:.2f}"
+        )
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")  # 2 shared cores: oversubscribed torch threads crawl
 
-import torch  # noqa: E402
+import torch
 
 torch.set_num_threads(1)
 

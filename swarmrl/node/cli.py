@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--model", default="gemma", help="tiny | gemma (google/gemma-3-270m)")
     up.add_argument("--steps", type=int)
     up.add_argument("--workers", type=int, default=2)
+    up.add_argument("--trainers", type=int, default=1, help="trainers serving the job (they average gradients)")
     up.add_argument("--out", type=Path, default=Path("runs/latest"))
     up.add_argument("--loss", choices=["grpo", "dapo", "dr_grpo", "gspo", "cispo"])
     up.add_argument("--max-async-level", type=int)
@@ -146,9 +147,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         steps.add_row(str(h.step), f"{h.reward_mean:.3f}", f"{h.loss:.4f}", f"{h.staleness_mean:.2f}",
                       str(h.groups_admitted), str(h.groups_rejected), f"{h.seconds:.1f}")
     console.print(steps)
-    peers = Table("peer", "admitted", "rejected", "reputation", "banned", title="peers")
+    peers = Table("peer", "admitted", "trained", "rejected", "verdicts (failed)", "strikes", "reputation", "banned",
+                  title=f"peers (groups dropped by bans: {st.groups_dropped_banned})")
     for p in st.peers:
-        peers.add_row(p.peer_id, str(p.groups_admitted), str(p.groups_rejected), f"{p.reputation:.2f}",
+        peers.add_row(p.peer_id, str(p.groups_admitted), str(p.groups_trained), str(p.groups_rejected),
+                      f"{p.verdicts_checked} ({p.verdicts_failed})", str(p.strikes), f"{p.reputation:.2f}",
                       p.ban_reason if p.banned else "")
     console.print(peers)
     return 0
@@ -165,9 +168,10 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     from swarmrl.node.local import UpOptions, run_up
 
-    threads = dict((k, int(v)) for k, v in (p.split("=") for p in args.threads.split(",") if p))
+    threads = {k: int(v) for k, v in (p.split("=") for p in args.threads.split(",") if p)}
     job = dict(cfgmod.parse_override(o) for o in args.job_overrides)
-    opts = UpOptions(out=args.out, model=args.model, steps=args.steps, workers=args.workers, loss=args.loss,
+    opts = UpOptions(out=args.out, model=args.model, steps=args.steps, workers=args.workers,
+                     trainers=args.trainers, loss=args.loss,
                      max_async_level=args.max_async_level, seed=args.seed, cache_dir=args.cache_dir,
                      threads=threads, timeout_s=args.timeout,
                      red_team=[m for m in args.red_team.split(",") if m],

@@ -46,6 +46,12 @@ class TrainerConfig(_Config):
     trusted_validators: list[str] = []   # peer ids whose verdicts the trainer acts on
     allowed_submitters: list[str] | None = None   # None = anyone may submit jobs
     ready_file: Path | None = None
+    # several trainers per job (swarm.job_swarm)
+    prompt_shard: tuple[int, int] = (0, 1)   # (rank, count): hand out prompt indices rank + k*count
+    cotrainers: list[str] | None = None      # peer ids allowed to co-train our jobs (None = any that announces one)
+    averaging_matchmaking_s: float = Field(2.0, gt=0)   # how long a round waits for cotrainers to join
+    averaging_timeout_s: float = Field(60.0, gt=0)      # an averaging round (or a state download) gives up after this
+    fault: str | None = None                 # fault drill: "nan_gradients" (local tests only)
 
 
 class WorkerConfig(_Config):
@@ -62,6 +68,14 @@ class WorkerConfig(_Config):
     exit_when_done: bool = False         # stop once every job it knows is done
     red_team: str | None = None          # adversarial mode (local drills only)
     ready_file: Path | None = None
+    # delta gossip (swarm.catchup / swarm.gossip)
+    gossip: bool = True                  # fetch adapter updates from peers and serve them (False: trainer only)
+    max_gap: int = Field(8, ge=1)        # versions behind past which one snapshot replaces the delta chain
+    peer_wait_s: float = Field(1.0, ge=0)   # wait up to this long for a peer to hold a fresh delta
+    sync_poll_s: float = Field(0.5, gt=0)   # how often to look for a newer version to prefetch
+    keep_deltas: int = Field(16, ge=1)   # newest deltas kept (and served) per job
+    linger_s: float = Field(2.0, ge=0)   # with exit_when_done: keep serving this long after the last job
+    prefer_trainer: str | None = None    # peer id of the trainer to follow when it serves the job
 
 
 class ValidatorConfig(_Config):
@@ -74,7 +88,10 @@ class ValidatorConfig(_Config):
     sample_rate: float = Field(0.25, ge=0.0, le=1.0)
     poll_s: float = Field(1.0, gt=0)
     grade_timeout_s: float = Field(10.0, gt=0)
-    logprob_tolerance: float = Field(0.05, gt=0)
+    # group-mean |claimed - recomputed| sampled-token log-prob, nats; None: the measured honest
+    # floor of the model's dtype (checks.HONEST_MEAN_FLOOR: fp32 1e-3, bf16 0.15); a value below
+    # the floor is raised to it
+    logprob_tolerance: float | None = Field(None, gt=0)
     ready_file: Path | None = None
 
 

@@ -24,7 +24,9 @@ from rich.table import Table
 
 from swarmrl.node.jobs import builtin_job
 from swarmrl.node.models import prepare_base_model, resolve_model_name
-from swarmrl.node.submitter import fetch_job_adapter, job_status, submit_job
+from swarmrl.node.submitter import fetch_job_adapter, job_status, sign_job, submit_signed
+from swarmrl.node.swarm.figures import base_model_bytes, swarm_figures
+from swarmrl.node.worker.red_team import check_mode
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -43,6 +45,7 @@ class UpOptions:
     model: str = "tiny"
     steps: int | None = None
     workers: int = 2
+    trainers: int = 1
     loss: str | None = None
     max_async_level: int | None = None
     seed: int = 0
@@ -71,12 +74,12 @@ class LocalSwarm:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
                "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-        args = [sys.executable, "-m", "swarmrl.node.cli", role]
+        args = [*(["nice", "-n", str(nice)] if nice else []), sys.executable, "-m", "swarmrl.node.cli", role]
         for o in overrides:
             args += ["-o", o]
-        log = open(self.work / "logs" / f"{name}.log", "ab")
-        self.procs[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                            start_new_session=True, preexec_fn=(lambda: os.nice(nice)) if nice else None)
+        with open(self.work / "logs" / f"{name}.log", "ab") as log:
+            self.procs[name] = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                                start_new_session=True)
 
     def check_alive(self, names: list[str] | None = None) -> None:
         for name in names or list(self.procs):
@@ -135,45 +138,80 @@ def _keys(work: Path, names: list[str]) -> dict[str, Identity]:
     return {n: Identity.load_or_create(work / "keys" / f"{n}.key") for n in names}
 
 
+def trainer_names(n: int) -> list[str]:
+    """Process names of `n` trainers: "trainer", "trainer1", "trainer2", ..."""
+    return ["trainer"] + [f"trainer{i}" for i in range(1, n)]
+
+
+def _start_trainers(swarm: LocalSwarm, names: list[str], keys: dict[str, Identity], opts: UpOptions, work: Path,
+                    common: list[str]) -> list[str]:
+    """Start the trainers (each its own prompt shard; cotrainers of each other) and return their
+    gRPC endpoints."""
+    ids = [keys[n].peer_id for n in names]
+    for rank, name in enumerate(names):
+        several = [f"prompt_shard={json.dumps([rank, len(names)])}", f"cotrainers={json.dumps(ids)}"]
+        swarm.start(name, "trainer", common + [
+            f"key={json.dumps(str(work / 'keys' / (name + '.key')))}",
+            f"state_dir={json.dumps(str(work / name))}", f"ready_file={json.dumps(str(work / (name + '.ready')))}",
+            f"trusted_validators={json.dumps([keys['validator'].peer_id])}",
+            f"threads={opts.threads.get('trainer', 1)}"] + (several if len(names) > 1 else []),
+            threads=opts.threads.get("trainer", 1))
+    return [swarm.wait_ready(n, work / f"{n}.ready", timeout_s=300)["endpoint"] for n in names]
+
+
 def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path) -> dict:
     workers = [f"worker{i}" for i in range(opts.workers)]
-    keys = _keys(work, ["submitter", "trainer", "validator", *workers])
+    adversaries = {f"redteam-{check_mode(m)}": m for m in opts.red_team}   # one adversarial worker per mode
+    trainers = trainer_names(max(1, opts.trainers))
+    keys = _keys(work, ["submitter", *trainers, "validator", *workers, *adversaries])
     cache = [f"cache_dir={json.dumps(str(opts.cache_dir))}"] if opts.cache_dir else []
     swarm.start("bootstrap", "bootstrap", [f"ready_file={json.dumps(str(work / 'bootstrap.ready'))}"])
     peers = swarm.wait_ready("bootstrap", work / "bootstrap.ready")["maddrs"]
     net = [f"net.initial_peers={json.dumps(peers)}"]
-    swarm.start("trainer", "trainer", net + cache + [
-        f"key={json.dumps(str(work / 'keys/trainer.key'))}", f"state_dir={json.dumps(str(work / 'trainer'))}",
-        f"ready_file={json.dumps(str(work / 'trainer.ready'))}",
-        f"trusted_validators={json.dumps([keys['validator'].peer_id])}",
-        f"threads={opts.threads.get('trainer', 1)}"], threads=opts.threads.get("trainer", 1))
-    endpoint = swarm.wait_ready("trainer", work / "trainer.ready", timeout_s=300)["endpoint"]
+    endpoints = _start_trainers(swarm, trainers, keys, opts, work, net + cache)
+    endpoint = endpoints[0]
     swarm.start("validator", "validator", net + cache + [
         f"key={json.dumps(str(work / 'keys/validator.key'))}", f"state_dir={json.dumps(str(work / 'validator'))}",
         f"threads={opts.threads.get('validator', 1)}"], threads=opts.threads.get("validator", 1), nice=HELPER_NICE)
-    for w in workers:
-        swarm.start(w, "worker", net + cache + [
+    for i, w in enumerate(workers):
+        prefer = [f"prefer_trainer={json.dumps(keys[trainers[i % len(trainers)]].peer_id)}"] if len(trainers) > 1 else []
+        swarm.start(w, "worker", net + cache + prefer + [
             f"key={json.dumps(str(work / 'keys' / (w + '.key')))}", f"base_model={json.dumps(spec.base_model)}",
             f"ready_file={json.dumps(str(work / (w + '.ready')))}", "exit_when_done=true",
             f"threads={opts.threads.get('worker', 1)}"], threads=opts.threads.get("worker", 1), nice=HELPER_NICE)
-    with console.status(f"waiting for {len(workers)} workers to load {spec.base_model}"):
-        for w in workers:
+    for a, mode in adversaries.items():
+        swarm.start(a, "worker", net + cache + [
+            f"key={json.dumps(str(work / 'keys' / (a + '.key')))}", f"base_model={json.dumps(spec.base_model)}",
+            f"ready_file={json.dumps(str(work / (a + '.ready')))}", "exit_when_done=true", f"red_team={mode}",
+            "threads=1"], threads=1, nice=HELPER_NICE)
+    with console.status(f"waiting for {len(workers) + len(adversaries)} workers to load {spec.base_model}"):
+        for w in [*workers, *adversaries]:
             swarm.wait_ready(w, work / f"{w}.ready", timeout_s=300)
-    with console.status("submitting the job (the trainer loads the model)"):
-        job_id = submit_job(endpoint, keys["submitter"], spec)
+    with console.status("submitting the job (the trainers load the model)"):
+        envelope = sign_job(keys["submitter"], spec)
+        job_id = [submit_signed(ep, envelope) for ep in endpoints][0]
     t0 = time.monotonic()
-    status = _follow(swarm, endpoint, job_id, spec, opts.timeout_s)
+    status = _follow(swarm, endpoint, job_id, spec, opts.timeout_s, watch=["bootstrap", *trainers, "validator"])
     adapter_dir = opts.out / "adapter"
     version, adapter_hash = fetch_job_adapter(endpoint, job_id, adapter_dir, opts.cache_dir)
-    workers_state = _wait_workers(swarm, workers, work)
+    workers_state = _wait_workers(swarm, [*workers, *adversaries], work)
+    adversaries_state = {a: workers_state.pop(a) for a in adversaries}
     status = _settle_validator(endpoint, job_id, spec)
     summary = _summarize(status, spec, job_id, version, adapter_hash, workers_state, keys, time.monotonic() - t0)
+    summary.update(red_team_summary(status, adversaries, adversaries_state, keys, workers))
+    statuses = [status] + [job_status(ep, job_id, history=spec.steps) for ep in endpoints[1:]]
+    figures = swarm_figures(statuses, workers_state, job_id,
+                            base_model_bytes(prepare_base_model(spec.base_model, opts.cache_dir)))
+    summary.update(figures)
+    summary["adapter_hash_agreement"] = summary["adapter_hash_agreement"] and figures["trainers_agree"] and all(
+        t["hash"] == adapter_hash.hex() for t in figures["trainer_adapters"].values())
     _write_outputs(opts.out, status, summary)
     _print_summary(summary, opts.out)
     return summary
 
 
-def _follow(swarm: LocalSwarm, endpoint: str, job_id: str, spec: JobSpec, timeout_s: float) -> pb.JobStatus:
+def _follow(swarm: LocalSwarm, endpoint: str, job_id: str, spec: JobSpec, timeout_s: float,
+            watch: list[str] | None = None) -> pb.JobStatus:
     """Show live progress until the job is done; returns the final status (full history)."""
     columns = [TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
                TimeElapsedColumn()]
@@ -181,7 +219,7 @@ def _follow(swarm: LocalSwarm, endpoint: str, job_id: str, spec: JobSpec, timeou
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("steps", total=spec.steps, info="waiting for rollouts")
         while True:
-            swarm.check_alive(["bootstrap", "trainer", "validator"])
+            swarm.check_alive(watch or ["bootstrap", "trainer", "validator"])
             st = job_status(endpoint, job_id, history=1)
             progress.update(task, completed=st.step, info=_progress_info(st))
             if st.state == "done":
@@ -251,6 +289,43 @@ def _summarize(st: pb.JobStatus, spec: JobSpec, job_id: str, version: int, adapt
     }
 
 
+BENIGN_REJECTIONS = frozenset({"stale", "lease_expired", "duplicate_group", "banned", "future_version",
+                               "unknown_lease", "unknown_job"})
+"""Rejections an honest worker can earn (slow, late, raced): they don't count as detection."""
+
+
+def red_team_summary(st: pb.JobStatus, adversaries: dict[str, str], states: dict[str, dict],
+                     keys: dict[str, Identity], honest: list[str]) -> dict:
+    """The drill's figures: per mode {submitted, admitted_before_ban, detected, seconds_to_ban, ...};
+    honest workers banned; groups dropped because of bans.
+
+    submitted: groups the adversary sent (its own count). admitted_before_ban: its groups the
+    trainer admitted (nothing is admitted after a ban). detected: banned, or a failed verdict, or a
+    rejection an honest worker can't earn (not in BENIGN_REJECTIONS). seconds_to_ban: the
+    trainer's ban time minus the adversary's first submission (None: not banned).
+    """
+    peers = {p.peer_id: p for p in st.peers}
+    table = {}
+    for name, mode in adversaries.items():
+        p = peers.get(keys[name].peer_id)
+        red = states.get(name, {}).get("red_team", {})
+        first = red.get("first_submit_ms") or (p.first_seen_ms if p is not None else 0)
+        cheats = {r: n for r, n in (p.rejected_by_reason.items() if p is not None else []) if r not in BENIGN_REJECTIONS}
+        banned = p is not None and p.banned
+        table[mode] = {
+            "submitted": int(red.get("submitted_groups", 0)),
+            "admitted_before_ban": int(p.groups_admitted) if p is not None else 0,
+            "trained": int(p.groups_trained) if p is not None else 0,
+            "detected": bool(banned or (p is not None and p.verdicts_failed > 0) or cheats),
+            "banned": bool(banned), "ban_reason": p.ban_reason if p is not None else "",
+            "seconds_to_ban": round((p.banned_at_ms - first) / 1000, 1) if banned and first else None,
+            "rejected": cheats, "verdicts_failed": int(p.verdicts_failed) if p is not None else 0,
+        }
+    honest_ids = {keys[w].peer_id for w in honest}
+    return {"red_team": table, "honest_banned": sum(1 for p in st.peers if p.peer_id in honest_ids and p.banned),
+            "groups_dropped_banned": int(st.groups_dropped_banned)}
+
+
 def _write_outputs(out: Path, st: pb.JobStatus, summary: dict) -> None:
     extra_keys = sorted({k for h in st.history for k in h.extra})
     with open(out / "metrics.csv", "w", newline="") as f:
@@ -293,9 +368,17 @@ def _print_summary(summary: dict, out: Path) -> None:
     table.add_column("value", overflow="fold")
     for key in ("job_id", "base_model", "loss", "final_version", "steps", "reward_first", "reward_last",
                 "groups_admitted", "groups_dropped", "groups_rejected", "validator", "adapter_hash_agreement",
-                "seconds"):
-        v = summary[key]
+                "trainers", "delta_bytes_per_version", "adapter_bytes", "base_model_bytes", "trainer_upload_bytes",
+                "peer_upload_bytes", "trainer_upload_share", "seconds"):
+        v = summary.get(key)
         table.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
     table.add_row("peers", str(len(summary["peers"])))
+    if summary.get("red_team"):
+        table.add_row("honest_banned", str(summary["honest_banned"]))
+        table.add_row("groups_dropped_banned", str(summary["groups_dropped_banned"]))
+        for mode, r in summary["red_team"].items():
+            table.add_row(f"red_team {mode}", f"detected={r['detected']} banned={r['banned']} "
+                          f"submitted={r['submitted']} admitted={r['admitted_before_ban']} "
+                          f"seconds_to_ban={r['seconds_to_ban']}")
     table.add_row("outputs", f"{out}/adapter, metrics.csv, reward.png, summary.json")
     console.print(table)

@@ -116,9 +116,11 @@ def prepare_base_model(name: str, cache_dir: Path | None = None) -> Path:
             _write_manifest(tmp, canonical)
             base_model_sha256(tmp)  # warm the sidecar (mtimes survive the rename)
             _make_readable(tmp)
+            _fsync_tree(tmp)
             if final.exists():  # a folder without a manifest: a foreign leftover, never ours
                 shutil.rmtree(final)
             os.replace(tmp, final)
+            _fsync_path(root)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -140,6 +142,21 @@ def _remove_stale_builds(root: Path, canonical: str) -> None:
     """Delete temporary folders left by crashed builds of this model (caller holds the lock)."""
     for stale in root.glob(f".{_RECIPES[canonical]}.tmp-*"):
         shutil.rmtree(stale, ignore_errors=True)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(folder: Path) -> None:
+    """Flush every file of a flat folder, then the folder, so a rename never exposes empty files."""
+    for entry in folder.iterdir():
+        _fsync_path(entry)
+    _fsync_path(folder)
 
 
 def _make_readable(folder: Path) -> None:
@@ -300,7 +317,9 @@ def _check_bos(folder: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     ids = tokenizer("What is 3+4?").input_ids
     if tokenizer.bos_token_id is None or not ids or ids[0] != tokenizer.bos_token_id:
-        raise RuntimeError(f"converted tokenizer does not prepend BOS: {ids[:4]} (bos={tokenizer.bos_token_id})")
+        raise RuntimeError(
+            f"converted tokenizer does not prepend BOS: {ids[:4]} (bos={tokenizer.bos_token_id})"
+        )
 
 
 _BUILDERS = {TINY: _build_tiny, GEMMA: _build_gemma}
@@ -452,4 +471,3 @@ def vocab_size(model: PreTrainedModel) -> int:
     rows = model.get_input_embeddings().num_embeddings
     head = model.get_output_embeddings()
     return min(rows, head.out_features) if head is not None else rows
-

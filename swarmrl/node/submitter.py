@@ -28,14 +28,28 @@ def stub(endpoint: str, max_message_mb: int = 64) -> pb_grpc.TrainerStub:
     return pb_grpc.TrainerStub(grpc.insecure_channel(endpoint, options=channel_options(max_message_mb)))
 
 
+def sign_job(identity: Identity, spec: JobSpec) -> pb.Signed:
+    """The signed `Job` envelope of `spec` (its body fixes the job id)."""
+    return signing.sign(identity, signing.JOB, pb.Job(spec_json=spec.canonical_json(),
+                                                      created_ms=int(time.time() * 1000)))
+
+
 def submit_job(endpoint: str, identity: Identity, spec: JobSpec, timeout_s: float = 600) -> str:
     """Sign `spec` and submit it; returns the job id.
 
     Raises:
         JobRefused: the trainer answered with a refusal.
     """
-    envelope = signing.sign(identity, signing.JOB, pb.Job(spec_json=spec.canonical_json(),
-                                                          created_ms=int(time.time() * 1000)))
+    return submit_signed(endpoint, sign_job(identity, spec), timeout_s)
+
+
+def submit_signed(endpoint: str, envelope: pb.Signed, timeout_s: float = 600) -> str:
+    """Submit an already signed job (the same envelope to every trainer of a job gives them the
+    same job id); returns the job id.
+
+    Raises:
+        JobRefused: the trainer answered with a refusal.
+    """
     ack = stub(endpoint).SubmitJob(envelope, timeout=timeout_s)
     if not ack.accepted:
         raise JobRefused(ack.reason)
@@ -48,8 +62,8 @@ def job_status(endpoint: str, job_id: str, history: int = 0, timeout_s: float = 
     return stub(endpoint).GetJobStatus(pb.JobStatusRequest(job_id=job_id, history=history), timeout=timeout_s)
 
 
-def fetch_snapshot(endpoint: str, job_id: str, trainer_public_key: bytes, version: int = 0) -> AdapterReplica:
-    """Download and verify the adapter at `version` (0 = head) as a signed snapshot."""
+def fetch_snapshot(endpoint: str, job_id: str, trainer_public_key: bytes, version: int | None = None) -> AdapterReplica:
+    """Download and verify the adapter at `version` (None = the head) as a signed snapshot."""
     replica = AdapterReplica(job_id, trainer_public_key)
     req = pb.AdapterRequest(job_id=job_id, want_version=version, snapshot=True)
     for update in assemble(stub(endpoint).FetchAdapter(req, timeout=300), replica.trainer_id):
@@ -99,7 +113,7 @@ def _trainer_key(endpoint: str, job_id: str, status: pb.JobStatus) -> bytes:
 
 
 def _first_header(endpoint: str, job_id: str) -> pb.Signed:
-    req = pb.AdapterRequest(job_id=job_id, want_version=0, snapshot=True)
+    req = pb.AdapterRequest(job_id=job_id, want_version=0, snapshot=True)  # version 0 always exists
     for chunk in stub(endpoint).FetchAdapter(req, timeout=300):
         if chunk.HasField("header"):
             return chunk.header

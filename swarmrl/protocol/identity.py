@@ -104,7 +104,7 @@ class Identity:
             raise ValueError(f"key file {path} has mode {oct(mode)}; it must be 0600 (chmod 600 {path})")
         key = serialization.load_pem_private_key(path.read_bytes(), password=None)
         if not isinstance(key, Ed25519PrivateKey):
-            raise ValueError(f"key file {path} does not hold an Ed25519 private key")
+            raise ValueError(f"key file {path} does not hold an Ed25519 private key")  # noqa: TRY004 (bad input file)
         return cls(key)
 
     @classmethod

@@ -6,11 +6,7 @@ verifies it like a worker does (`adapter_sync`: trainer signature, payload sha25
 and keeps the last few in an LRU. A version the trainer can't serve did not exist: the trainer
 serves every version up to its head, so an empty answer is `VersionUnavailable`.
 
-Version 0: the wire reads `want_version = 0` as "the head", so once the head has moved on, a
-snapshot of version 0 can't be asked for. It is rebuilt from the snapshot of version 1 minus
-the signed delta 0 -> 1 and checked against that delta's `from_hash`. (v1 = v0 + d exactly, so
-v1 - d equals v0 except where float32 rounding of v0 + d lost bits of v0; then it differs by at
-most an ulp and the hash mismatch is logged.)
+`want_version` is an explicit field (absent = the head), so version 0 is asked for like any other.
 """
 
 from __future__ import annotations
@@ -121,26 +117,8 @@ class TrainerAdapters(AdapterSource):
         if not snap.header.snapshot or snap.header.job_id != self.job_id:
             raise ad.AdapterError(f"asked for a snapshot of job {self.job_id[:12]}, got something else")
         if snap.header.to_version != version:
-            if version == 0:
-                return self._rebuild_version_0()
             raise ad.AdapterError(f"asked for version {version}, the trainer sent {snap.header.to_version}")
         replica = AdapterReplica(self.job_id, self.trainer_public_key)
         replica.apply(snap)
         assert replica.state is not None
         return replica.state, replica.hash
-
-    def _rebuild_version_0(self) -> tuple[ad.State, bytes]:
-        """v0 = v1 - (delta 0 -> 1), checked against the delta's signed `from_hash`."""
-        v1, _ = self.state(1)
-        updates = self._updates(pb.AdapterRequest(job_id=self.job_id, have_version=0, want_version=1))
-        if not updates or updates[0].header.snapshot or updates[0].header.to_version != 1:
-            raise ad.AdapterError(f"job {self.job_id[:12]}: the trainer did not serve the delta 0 -> 1")
-        header = updates[0].header
-        delta = ad.decode_state(updates[0].payload)
-        if set(delta) != set(v1):
-            raise ad.AdapterError("delta 0 -> 1 does not match the layout of version 1")
-        v0 = {k: (v1[k] - delta[k]).contiguous() for k in v1}
-        got = ad.adapter_hash(v0)
-        if got != header.from_hash:
-            log.info("job %s: rebuilt version 0 differs from its signed hash by float32 rounding", self.job_id[:12])
-        return v0, bytes(header.from_hash)

@@ -106,7 +106,8 @@ class ValidatorService:
         self.reputation = Reputation(state / "reputation.sqlite")
         self.sampling_key = load_or_create_key(state / "sampling.key")
         self.settings = ValidatorSettings(
-            base_rate=cfg.sample_rate, logprob=LogprobTolerance.from_mean(cfg.logprob_tolerance),
+            base_rate=cfg.sample_rate,
+            logprob=None if cfg.logprob_tolerance is None else LogprobTolerance.from_mean(cfg.logprob_tolerance),
             grade_timeout_s=cfg.grade_timeout_s,
         )
         self.cache = SnapshotCache()

@@ -53,13 +53,13 @@ class ValidatorSettings:
 
     base_rate: floor of the share of groups checked fully (a job's `validation_rate` can raise it).
     logprob: tolerance of the logprob rung, raised to the model dtype's honest floor
-        (`checks.HONEST_MEAN_FLOOR`) if below it.
+        (`checks.HONEST_MEAN_FLOOR`) if below it; None: that floor.
     alpha: false-alarm bound of the plausibility rung, per completion.
     grade_timeout_s: wall-clock limit of one reward-function call.
     """
 
     base_rate: float = 0.25
-    logprob: ck.LogprobTolerance = field(default_factory=lambda: ck.LogprobTolerance.from_mean(0.05))
+    logprob: ck.LogprobTolerance | None = field(default_factory=lambda: ck.LogprobTolerance.from_mean(0.05))
     alpha: float = DEFAULT_ALPHA
     grade_timeout_s: float = 10.0
 
@@ -110,7 +110,8 @@ class Validator:
         self.sampling_key = sampling_key
         self.settings = settings or ValidatorSettings()
         dtype = str(backend.model.get_base_model().get_output_embeddings().weight.dtype).removeprefix("torch.")
-        self.logprob_tolerance = self.settings.logprob.floored(dtype)
+        configured = self.settings.logprob or ck.LogprobTolerance.from_mean(min(ck.HONEST_MEAN_FLOOR.values()))
+        self.logprob_tolerance = configured.floored(dtype)
         if self.logprob_tolerance != self.settings.logprob:
             log.info("logprob tolerance %s for a %s model (configured %s)", self.logprob_tolerance, dtype,
                      self.settings.logprob)

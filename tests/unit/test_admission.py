@@ -72,7 +72,7 @@ def test_group_level_lease_checks():
 
 def test_batch_envelope_checks():
     batch = pb.RolloutBatch(job_id="J", lease_id="L", peer_id="P")
-    ok = dict(now_ms=10, batch_seen=False, banned=set())
+    ok = {"now_ms": 10, "batch_seen": False, "banned": set()}
     assert adm.check_batch_envelope(batch, "P", LEASE, **ok) == ""
     assert adm.check_batch_envelope(batch, "Q", LEASE, **ok) == adm.SIGNER_MISMATCH
     assert adm.check_batch_envelope(batch, "P", None, **ok) == adm.UNKNOWN_LEASE

@@ -1,9 +1,11 @@
 """`Validator.validate_batch` end to end on the tiny model: an honest batch passes every rung, and
 each doctored batch fails the rung meant to catch it.
 
-The tiny model's final norm is scaled x20 so its next-token distributions are peaked (a random
-init is nearly uniform, where random tokens *are* plausible samples). One backend plays both the
-worker (slot "worker", generating with version 1) and the validator (slot = the job id).
+The model is built here (the tiny recipe's tokenizer, a 2-layer Llama from a fixed seed) with an
+init scale that gives moderately peaked next-token distributions (mean sampled log-prob ~ -2.4):
+near-uniform ones would make random tokens plausible samples, near-deterministic ones would make
+greedy decoding indistinguishable from sampling. One backend plays both the worker (slot
+"worker", generating with version 1) and the validator (slot = the job id).
 Legend: G = completions per group.
 """
 
@@ -21,19 +23,14 @@ import grpc
 import peft
 import pytest
 import torch
+import transformers
 
 from swarmrl.node.config import ValidatorConfig
 from swarmrl.node.grading import GradingPool
 from swarmrl.node.grpc_options import channel_options
 from swarmrl.node.inference.base import Sampling
 from swarmrl.node.inference.hf import PLACEHOLDER_ADAPTER, HFBackend
-from swarmrl.node.models import (
-    base_model_sha256,
-    encode_prompt,
-    load_causal_lm,
-    lora_config,
-    prepare_base_model,
-)
+from swarmrl.node.models import build_tiny_tokenizer, encode_prompt, lora_config
 from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.node.trainer.adapter_store import AdapterStore
 from swarmrl.node.trainer.service import chunks
@@ -68,16 +65,24 @@ class World:
     honest: dict[int, pb.Group]
 
 
+def tiny_model() -> tuple[transformers.LlamaForCausalLM, transformers.PreTrainedTokenizerFast]:
+    tokenizer = build_tiny_tokenizer()
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, tie_word_embeddings=True, initializer_range=0.4, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return transformers.LlamaForCausalLM(config).eval(), tokenizer
+
+
 @pytest.fixture(scope="module")
-def world(model_cache) -> Iterator[World]:
+def world() -> Iterator[World]:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", category=UserWarning)
-    path = prepare_base_model("tiny", model_cache)
-    model, tokenizer = load_causal_lm(path)
-    with torch.no_grad():
-        model.model.norm.weight.mul_(20.0)
+    model, tokenizer = tiny_model()
     backend = HFBackend(model, tokenizer, lora_config(4, 8))
-    spec = JobSpec(base_model="tiny", base_model_sha256=base_model_sha256(path), seed=7, group_size=G,
+    spec = JobSpec(base_model="tiny", base_model_sha256="0" * 64, seed=7, group_size=G,
                    max_async_level=2, lora=LoraSpec(rank=4, alpha=8),
                    sampling=SamplingSpec(temperature=1.0, max_new_tokens=GREEDY_NEW, stop=()))
     template = peft.get_peft_model_state_dict(backend.model, adapter_name=PLACEHOLDER_ADAPTER)
@@ -85,7 +90,7 @@ def world(model_cache) -> Iterator[World]:
     # LoRA's init (A random, B zero), drawn from our own generator so every run sees the same model
     v0 = {k: 0.1 * torch.randn(v.shape, generator=gen) if "lora_A" in k else torch.zeros(v.shape)
           for k, v in template.items()}
-    v1 = {k: v + (0.3 * torch.randn(v.shape, generator=gen) if "lora_B" in k else 0) for k, v in v0.items()}
+    v1 = {k: v + (0.05 * torch.randn(v.shape, generator=gen) if "lora_B" in k else 0) for k, v in v0.items()}
     backend.set_adapter("worker", v1)
     env = get_environment(spec.environment, spec.env_version)
     w = World(backend, spec, env, InMemoryAdapters(JOB, {0: v0, 1: v1}),
@@ -215,7 +220,7 @@ def test_random_tokens_with_true_logprobs_fail_plausibility(world: World, valida
 
 def test_greedy_passed_off_as_sampling_fails_plausibility(world: World, validator: Validator) -> None:
     greedy = sample_group(world, 0, seed=0, temperature=0.0, max_new=GREEDY_NEW)
-    assert len(greedy.completions[0].token_ids) == GREEDY_NEW
+    assert len(greedy.completions[0].token_ids) >= 48
     verdict = only_failure(judge(validator, world, admitted(ALICE, [greedy], seq=7)), PLAUSIBILITY)
     assert "predictable" in verdict.detail
 
@@ -293,7 +298,7 @@ class FakeTrainer(pb_grpc.TrainerServicer):
                              banned=sorted({v.peer_id for v in report.verdicts if not v.passed}))
 
 
-def test_service_round_reports_signed_verdicts_and_advances(world: World, tmp_path: Path, model_cache: Path) -> None:
+def test_service_round_reports_signed_verdicts_and_advances(world: World, tmp_path: Path) -> None:
     trainer = Identity.from_seed(b"t" * 32)
     store = AdapterStore(tmp_path / "adapters", JOB, trainer)
     v0, _ = world.adapters.state(0)
@@ -306,7 +311,7 @@ def test_service_round_reports_signed_verdicts_and_advances(world: World, tmp_pa
     pb_grpc.add_TrainerServicer_to_server(fake, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    cfg = ValidatorConfig(key=tmp_path / "validator.key", state_dir=tmp_path / "state", cache_dir=model_cache)
+    cfg = ValidatorConfig(key=tmp_path / "validator.key", state_dir=tmp_path / "state", cache_dir=tmp_path / "models")
     me = Identity.load_or_create(cfg.key)
     service = ValidatorService(cfg, me)
     try:

@@ -14,9 +14,11 @@ Two changes to hivemind's butterfly all-reduce (`hivemind.averaging.allreduce`, 
    bit-identical tensors.
 2. Non-finite inputs are excluded. A reducer checks every incoming part (its own included) and
    its weight; a part holding NaN/inf, or a non-finite or negative weight, enters the sum as
-   zeros with weight 0 and the sender is counted as excluded. A member that receives a
-   non-finite averaged part (say, every sender of that part was excluded) treats that reducer as
-   failed.
+   zeros with weight 0 and the sender is counted as excluded. A part whose senders all have
+   weight 0 averages to zeros (not 0/0). A member that receives a non-finite averaged part
+   treats that reducer as failed.
+3. Did anyone contribute? Every member also averages a one-element tensor holding 1: the result
+   is 1 when some member had weight > 0 and 0 when none had, the same at every member.
 
 A round *agrees* when the member received every part from its reducer. Only then may a trainer
 use the result; otherwise it falls back to its own gradient (see `node.trainer.job`), and the
@@ -40,10 +42,11 @@ from hivemind.averaging.control import StepControl
 from hivemind.averaging.group_info import GroupInfo
 from hivemind.averaging.load_balancing import load_balance_peers
 from hivemind.averaging.matchmaking import MatchmakingException
-from hivemind.averaging.partition import BannedException, TensorPartContainer
+from hivemind.averaging.partition import BannedException, TensorPartContainer, TensorPartReducer
 from hivemind.compression import deserialize_torch_tensor, serialize_torch_tensor
-from hivemind.p2p import P2PContext, PeerID
+from hivemind.p2p import PeerID
 from hivemind.proto import averaging_pb2
+from hivemind.utils import MPFuture
 from hivemind.utils.asyncio import (
     aiter_with_timeout,
     amap_in_executor,
@@ -62,6 +65,17 @@ def _part_ok(part: torch.Tensor, weight: float) -> bool:
     return math.isfinite(weight) and weight >= 0 and bool(torch.isfinite(part).all())
 
 
+class ZeroSafeReducer(TensorPartReducer):
+    """hivemind's reducer, except that a part nobody gave weight to averages to zeros."""
+
+    def check_current_part_finished(self) -> None:
+        assert self.current_part_accumulated_from <= self.num_current_senders
+        if self.current_part_accumulated_from == self.num_current_senders:
+            total = self.accumulator.div_(self.denominator) if self.denominator > 0 else self.accumulator.zero_()
+            self.current_part_future.set_result(total)
+            self.reset_accumulators()
+
+
 class ExactAllReduceRunner(AllReduceRunner):
     """Butterfly all-reduce whose members end with identical averaged bits and whose reducers
     leave non-finite parts out of the sum (see the module docstring)."""
@@ -73,6 +87,8 @@ class ExactAllReduceRunner(AllReduceRunner):
         self.tensor_part_container = TensorPartContainer(tensors, peer_fractions, return_deltas=False,
                                                          **container_kwargs)
         self.parts_for_local_averaging = self.tensor_part_container.get_raw_input_parts(index)
+        self.tensor_part_reducer = ZeroSafeReducer(tuple(p.shape for p in self.parts_for_local_averaging),
+                                                   len(self.sender_peer_ids))
         self.excluded: set[PeerID] = set()
         self.failed_reducers: set[PeerID] = set()
 
@@ -122,7 +138,7 @@ class ExactAllReduceRunner(AllReduceRunner):
             self.tensor_part_container.register_failed_reducer(peer_index)
             raise
 
-    async def _accumulate_parts_streaming(self, stream, sender_index: int):  # noqa: ANN001, ANN202 (hivemind's)
+    async def _accumulate_parts_streaming(self, stream, sender_index: int):
         sender = self.sender_peer_ids[sender_index]
         part_index = 0
         try:
@@ -177,7 +193,17 @@ class ExactAverager(hivemind.averaging.DecentralizedAverager):
             tensor.copy_(averaged)
         return runner
 
-    def get_current_state(self):  # noqa: ANN201 (hivemind's signature)
+    def set_target_group_size(self, size: int | None) -> None:
+        """Assemble a group as soon as `size` members joined (None: wait the whole matchmaking time)."""
+        future: MPFuture = MPFuture()
+        self._outer_pipe.send(("_set_target_group_size", [], dict(size=size, future=future)))
+        future.result()
+
+    async def _set_target_group_size(self, size: int | None, future: MPFuture) -> None:
+        self._matchmaking.target_group_size = size
+        future.set_result(None)
+
+    def get_current_state(self):
         if self.state_provider is None:
             return super().get_current_state()
         metadata, tensors = self.state_provider()
@@ -193,6 +219,7 @@ class RoundOutcome:
 
     agreed: bool
     averaged: list[torch.Tensor] | None = None
+    contributed: bool = False          # some member had weight > 0 (else the average is all zeros)
     group_size: int = 1
     excluded: list[str] = field(default_factory=list)
     gathered: dict[str, dict] = field(default_factory=dict)
@@ -220,13 +247,14 @@ class GradientAveraging:
         self.prefix = f"swarmrl_avg_{job_id}"
         self.matchmaking_s = matchmaking_s
         self.allreduce_timeout_s = allreduce_timeout_s
-        tensors = [torch.zeros_like(t, dtype=torch.float32, device="cpu") for t in template]
+        tensors = [torch.zeros_like(t, dtype=torch.float32, device="cpu") for t in template] + [torch.zeros(1)]
         self.averager = ExactAverager(
             tensors, dht, start=True, prefix=self.prefix, min_group_size=2, initial_group_bits="0" * VERSION_BITS,
             min_matchmaking_time=matchmaking_s, request_timeout=min(1.0, matchmaking_s / 2),
             next_chunk_timeout=chunk_timeout_s, allreduce_timeout=allreduce_timeout_s, declare_state_period=10.0,
         )
         self.peer_id = dht.peer_id
+        self._target: int | None = None
 
     @staticmethod
     def bits(version: int) -> str:
@@ -243,8 +271,12 @@ class GradientAveraging:
         mine = self.peer_id.to_bytes()
         return any(k != mine and bool(v.value) for k, v in found.value.items())
 
-    def begin(self, version: int, info: dict) -> PendingRound:
-        """Start matchmaking for `version` now; `info` is gathered from every member (msgpack-able)."""
+    def begin(self, version: int, info: dict, expected: int | None = None) -> PendingRound:
+        """Start matchmaking for `version` now; `info` is gathered from every member (msgpack-able).
+        With `expected` members (this trainer included), the group starts as soon as all joined."""
+        if expected != self._target:
+            self.averager.set_target_group_size(expected)
+            self._target = expected
         self.averager.set_group_bits(self.bits(version))
         timeout = self.matchmaking_s + 1.0
         control = self.averager.step(gather=info, weight=0.0, timeout=timeout, allow_retries=False,
@@ -258,6 +290,7 @@ class GradientAveraging:
         with self.averager.get_tensors() as tensors:
             for t, g in zip(tensors, grads):
                 t.copy_(g)
+            tensors[-1].fill_(1.0)
         if not control.done():
             with contextlib.suppress(AssertionError):
                 control.weight = float(weight)
@@ -276,7 +309,8 @@ class GradientAveraging:
         if not all(bool(torch.isfinite(t).all()) for t in averaged):
             return RoundOutcome(False, group_size=result["group_size"], excluded=result["excluded"],
                                 gathered=result["gathered"], reason="non_finite_result")
-        return RoundOutcome(True, averaged, result["group_size"], result["excluded"], result["gathered"])
+        return RoundOutcome(True, averaged[:-1], bool(averaged[-1].item() > 0), result["group_size"],
+                            result["excluded"], result["gathered"])
 
     def set_state(self, provider: Callable[[], tuple[Any, Sequence[torch.Tensor]]], priority: float) -> None:
         """Share this trainer's state (`provider()` -> (metadata, tensors)) with peers that load it;

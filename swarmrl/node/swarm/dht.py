@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import hivemind
+from google.protobuf.message import DecodeError
 from hivemind.utils import get_dht_time
 
 from swarmrl.protocol import signing
@@ -50,7 +51,15 @@ def start_dht(initial_peers: Sequence[str] = (), *, host: str = "127.0.0.1", por
     Raises:
         SwarmError: initial peers were given and none of them could be reached.
     """
-    dht = hivemind.DHT(initial_peers=list(initial_peers), start=True, **safe_p2p_options(host, port))
+    dht = hivemind.DHT(initial_peers=list(initial_peers), start=False, **safe_p2p_options(host, port))
+    try:
+        dht.run_in_background(await_ready=True)
+    except Exception as exc:  # noqa: BLE001 - hivemind's p2pd exits when no bootstrap peer answers
+        if dht.is_alive():
+            dht.shutdown()
+        if initial_peers:
+            raise SwarmError(f"could not reach any initial peer: {', '.join(initial_peers)} ({exc})") from exc
+        raise SwarmError(f"could not start the DHT node: {exc}") from exc
     if initial_peers and not _has_peers(dht):
         dht.shutdown()
         raise SwarmError(f"could not reach any initial peer: {', '.join(initial_peers)}")
@@ -104,7 +113,7 @@ def find_jobs(dht: hivemind.DHT) -> list[VerifiedRecord]:
         try:
             envelope = pb.Signed.FromString(item.value)
             record, signer = signing.open_signed(envelope, signing.JOB_RECORD, pb.JobRecord)
-        except (signing.SignatureError, Exception) as exc:  # a peer can store anything: drop it
+        except (signing.SignatureError, DecodeError, TypeError, ValueError) as exc:  # a peer can store anything
             log.warning("dropping DHT job record %s: %s", subkey, exc)
             continue
         if record.trainer_id != signer or subkey != f"{record.job_id}:{signer}":

@@ -4,13 +4,15 @@ On disk, per job: `d{to}.bin` (delta payload from to-1 -> to), `s{v}.bin` (full 
 with a `.hdr` file holding the trainer-signed `AdapterUpdate` header. Files are written to a
 temporary name, fsynced and renamed, so a crash leaves either the old or the new file. Snapshots
 are kept every `snapshot_every` versions (and for the head); other versions are rebuilt from the
-nearest snapshot and the delta chain.
+nearest snapshot and the delta chain. A trainer that adopts a cotrainer's versions (the same job,
+averaged gradients) stores them re-signed with its own key (`adopt`), after checking them.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,6 +92,24 @@ class AdapterStore:
             self.put_snapshot(version, exact)
         return exact, StoredUpdate(header, payload)
 
+    def adopt(self, header: pb.AdapterUpdate, payload: bytes, state_after: ad.State) -> None:
+        """Store a verified update published by a cotrainer, re-signed by this trainer.
+
+        `state_after` is the adapter once the update is applied (for periodic snapshots).
+        """
+        to_v = int(header.to_version)
+        signed = self._sign(from_v=int(header.from_version), to_v=to_v, from_hash=bytes(header.from_hash),
+                            to_hash=bytes(header.to_hash), payload=payload, snapshot=bool(header.snapshot))
+        with self._lock:
+            self._put(f"{'s' if header.snapshot else 'd'}{to_v}", signed, payload)
+        if not header.snapshot and to_v % self.snapshot_every == 0:
+            self.put_snapshot(to_v, state_after)
+
+    def delta_sizes(self, head: int) -> list[int]:
+        """Payload bytes of the deltas to versions 1..head (0 where one is missing)."""
+        return [(self.root / f"d{v}.bin").stat().st_size if (self.root / f"d{v}.bin").exists() else 0
+                for v in range(1, head + 1)]
+
     def delta(self, to_version: int) -> StoredUpdate | None:
         """The delta that produces `to_version`, if published."""
         return self._get(f"d{to_version}")
@@ -112,6 +132,35 @@ class AdapterStore:
             state = ad.apply_delta(state, ad.decode_state(d.payload))
         self.put_snapshot(version, state)
         return self._get(f"s{version}")
+
+    def updates(self, req: pb.AdapterRequest, head: int) -> Iterator[StoredUpdate]:
+        """What `FetchAdapter` serves: deltas have_version -> wanted version (absent = `head`),
+        or one snapshot when asked (or when the caller is ahead of the wanted version)."""
+        want = req.want_version if req.HasField("want_version") else head
+        if want > head:
+            return
+        chain = None if req.snapshot or req.have_version > want else self._delta_chain(req.have_version, want)
+        if chain is None:  # asked for a snapshot, or the stored deltas don't chain (a state adopted
+            snap = self.snapshot(want)  # from a cotrainer replaced a version): one snapshot
+            if snap is not None:
+                yield snap
+            return
+        yield from chain
+
+    def _delta_chain(self, have: int, want: int) -> list[StoredUpdate] | None:
+        """The stored deltas have -> want when each starts from the previous one's hash."""
+        chain: list[StoredUpdate] = []
+        prev: bytes | None = None
+        for v in range(have + 1, want + 1):
+            update = self.delta(v)
+            if update is None:
+                return None
+            header = pb.AdapterUpdate.FromString(update.header.body)
+            if prev is not None and bytes(header.from_hash) != prev:
+                return None
+            chain.append(update)
+            prev = bytes(header.to_hash)
+        return chain
 
     def latest_version(self) -> int:
         """Highest version with a stored delta or snapshot (0 when none)."""

@@ -145,6 +145,25 @@ class Learner:
         self.model.eval()
         return float(loss.detach()), metrics
 
+    def grads(self) -> list[torch.Tensor]:
+        """The gradients of the LoRA parameters in order (zeros where a parameter has none)."""
+        return [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in self.params]
+
+    def set_grads(self, grads: list[torch.Tensor]) -> None:
+        """Replace the gradients (e.g. by the average over a job's trainers)."""
+        if len(grads) != len(self.params):
+            raise ValueError(f"expected {len(self.params)} gradients, got {len(grads)}")
+        for p, g in zip(self.params, grads):
+            p.grad = g.detach().to(p.dtype).clone().reshape(p.shape)
+
+    def clear_grads(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def poison_gradients(self) -> None:
+        """Fault drill: make every gradient NaN (a broken peer, for averaging tests)."""
+        for p in self.params:
+            p.grad = torch.full_like(p, float("nan"))
+
     def gradients_finite(self) -> bool:
         return all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in self.params)
 

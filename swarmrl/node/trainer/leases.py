@@ -2,7 +2,8 @@
 
 Prompt indices are handed out in order (0, 1, 2, ...) so a worker can't pick easy prompts; the
 prompt itself is derived from (job seed, index). A lease that expires before its groups are
-admitted returns its missing indices to the front of the queue.
+admitted returns its missing indices to the front of the queue. Several trainers of one job hand
+out disjoint indices: trainer `rank` of `count` hands out rank, rank + count, rank + 2*count, ...
 """
 
 from __future__ import annotations
@@ -17,10 +18,14 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 class LeaseBook:
     """The leases of one job (thread-safe). Persisted by the caller through the ledger."""
 
-    def __init__(self, job_id: str, *, ttl_ms: int, next_index: int = 0) -> None:
+    def __init__(self, job_id: str, *, ttl_ms: int, next_index: int = 0, shard: tuple[int, int] = (0, 1)) -> None:
+        rank, count = shard
+        if count < 1 or not 0 <= rank < count:
+            raise ValueError(f"prompt shard {shard} is not (rank, count) with 0 <= rank < count")
         self.job_id = job_id
         self.ttl_ms = ttl_ms
-        self._next_index = next_index
+        self.rank, self.count = rank, count
+        self._next_index = max(next_index, rank)
         self._requeued: deque[int] = deque()
         self._open: dict[str, pb.Lease] = {}
         self._answered: dict[str, set[int]] = {}
@@ -32,9 +37,10 @@ class LeaseBook:
             for lease in leases:
                 self._open[lease.lease_id] = lease
                 self._answered[lease.lease_id] = {i for i in lease.prompt_indices if i in admitted}
-            seen = admitted | {i for lease in leases for i in lease.prompt_indices}
-            self._next_index = max(seen, default=-1) + 1
-            self._requeued.extend(sorted(set(range(self._next_index)) - seen))
+            seen = {i for i in admitted | {i for lease in leases for i in lease.prompt_indices}
+                    if i % self.count == self.rank}
+            self._next_index = max(seen, default=self.rank - self.count) + self.count
+            self._requeued.extend(sorted(set(range(self.rank, self._next_index, self.count)) - seen))
 
     def issue(self, peer_id: str, n: int, version: int, sampling: pb.SamplingParams, now_ms: int) -> pb.Lease:
         """A new lease of `n` prompt indices (re-queued ones first)."""
@@ -42,7 +48,7 @@ class LeaseBook:
             indices = [self._requeued.popleft() for _ in range(min(n, len(self._requeued)))]
             while len(indices) < n:
                 indices.append(self._next_index)
-                self._next_index += 1
+                self._next_index += self.count
             lease = pb.Lease(
                 lease_id=secrets.token_hex(12), job_id=self.job_id, peer_id=peer_id, prompt_indices=indices,
                 policy_version=version, sampling=sampling, issued_ms=now_ms, deadline_ms=now_ms + self.ttl_ms,
@@ -79,6 +85,12 @@ class LeaseBook:
                 missing = [i for i in lease.prompt_indices if i not in self._answered.get(lid, set())]
                 self._requeued.extendleft(reversed(missing))
             return expired
+
+    def outstanding_prompts(self) -> int:
+        """Leased prompts not answered yet (open leases only)."""
+        with self._lock:
+            return sum(len(set(lease.prompt_indices) - self._answered.get(lid, set()))
+                       for lid, lease in self._open.items())
 
     def open_count(self) -> int:
         with self._lock:

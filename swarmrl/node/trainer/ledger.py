@@ -40,7 +40,11 @@ CREATE TABLE IF NOT EXISTS steps (
 CREATE TABLE IF NOT EXISTS verdicts (
     id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, validator_id TEXT NOT NULL,
     peer_id TEXT NOT NULL, batch_id TEXT NOT NULL, prompt_index INTEGER NOT NULL,
-    passed INTEGER NOT NULL, checkname TEXT NOT NULL, detail TEXT NOT NULL, at_ms INTEGER NOT NULL);
+    passed INTEGER NOT NULL, checkname TEXT NOT NULL, detail TEXT NOT NULL, at_ms INTEGER NOT NULL,
+    UNIQUE (validator_id, batch_id, prompt_index));
+CREATE TABLE IF NOT EXISTS bans (
+    job_id TEXT NOT NULL, peer_id TEXT NOT NULL, reason TEXT NOT NULL, at_ms INTEGER NOT NULL,
+    until_ms INTEGER NOT NULL, PRIMARY KEY (job_id, peer_id));
 """
 
 
@@ -140,6 +144,16 @@ class Ledger:
         )
         return [PendingGroup(r, p, pb.Group.FromString(g)) for r, p, g in rows]
 
+    def drop_stale(self, job_id: str, min_version: int, note: str) -> int:
+        """Drop pending groups generated before `min_version` (out of the staleness window)."""
+        with self._tx() as db:
+            cur = db.execute(
+                "UPDATE groups SET state = 'dropped', note = ? WHERE job_id = ? AND state = 'pending'"
+                " AND policy_version < ?",
+                (note, job_id, min_version),
+            )
+            return cur.rowcount
+
     def count_pending(self, job_id: str) -> int:
         return int(self._query("SELECT COUNT(*) FROM groups WHERE job_id = ? AND state = 'pending'", (job_id,))[0][0])
 
@@ -206,7 +220,7 @@ class Ledger:
     def add_verdicts(self, job_id: str, validator_id: str, verdicts: Iterable[pb.Verdict], now_ms: int) -> None:
         with self._tx() as db:
             db.executemany(
-                "INSERT INTO verdicts (job_id, validator_id, peer_id, batch_id, prompt_index, passed, checkname,"
+                "INSERT OR IGNORE INTO verdicts (job_id, validator_id, peer_id, batch_id, prompt_index, passed, checkname,"
                 " detail, at_ms) VALUES (?,?,?,?,?,?,?,?,?)",
                 [
                     (job_id, validator_id, v.peer_id, v.batch_id, v.prompt_index, int(v.passed), v.check, v.detail, now_ms)
@@ -218,3 +232,55 @@ class Ledger:
         """(checked, failed) verdicts for a job."""
         rows = self._query("SELECT COUNT(*), COALESCE(SUM(1 - passed), 0) FROM verdicts WHERE job_id = ?", (job_id,))
         return int(rows[0][0]), int(rows[0][1])
+
+    # ---- bans and per-peer figures
+    def add_ban(self, job_id: str, peer_id: str, reason: str, at_ms: int, until_ms: int) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO bans VALUES (?, ?, ?, ?, ?)", (job_id, peer_id, reason, at_ms, until_ms))
+
+    def remove_ban(self, job_id: str, peer_id: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM bans WHERE job_id = ? AND peer_id = ?", (job_id, peer_id))
+
+    def bans(self, job_id: str) -> list[tuple[str, str, int, int]]:
+        """(peer_id, reason, at_ms, until_ms) of the job's bans."""
+        return [(p, r, int(a), int(u)) for p, r, a, u in self._query(
+            "SELECT peer_id, reason, at_ms, until_ms FROM bans WHERE job_id = ?", (job_id,))]
+
+    def lease_exposed(self, lease_id: str) -> bool:
+        """True once a batch answering the lease was recorded (SampleAdmitted then shows the lease)."""
+        return bool(self._query("SELECT 1 FROM batches WHERE lease_id = ? LIMIT 1", (lease_id,)))
+
+    def peer_state_counts(self, job_id: str) -> dict[str, Counter[str]]:
+        """peer -> group state ("pending", "trained", "dropped") -> count."""
+        out: dict[str, Counter[str]] = {}
+        for p, state, n in self._query(
+                "SELECT peer_id, state, COUNT(*) FROM groups WHERE job_id = ? GROUP BY peer_id, state", (job_id,)):
+            out.setdefault(p, Counter())[state] = n
+        return out
+
+    def dropped_banned(self, job_id: str) -> int:
+        """Admitted groups dropped because their peer was banned."""
+        return int(self._query("SELECT COUNT(*) FROM groups WHERE job_id = ? AND state = 'dropped'"
+                               " AND note LIKE 'banned%'", (job_id,))[0][0])
+
+    def peer_rejections(self, job_id: str) -> dict[str, Counter[str]]:
+        """peer -> rejection reason -> count."""
+        out: dict[str, Counter[str]] = {}
+        for p, reason, n in self._query(
+                "SELECT peer_id, reason, COUNT(*) FROM rejections WHERE job_id = ? GROUP BY peer_id, reason", (job_id,)):
+            out.setdefault(p, Counter())[reason] = n
+        return out
+
+    def peer_first_seen(self, job_id: str) -> dict[str, int]:
+        """peer -> unix ms of its first batch here (admitted or rejected)."""
+        rows = self._query(
+            "SELECT peer_id, MIN(t) FROM (SELECT peer_id, received_ms AS t FROM batches WHERE job_id = ?"
+            " UNION ALL SELECT peer_id, at_ms AS t FROM rejections WHERE job_id = ?) GROUP BY peer_id", (job_id, job_id))
+        return {p: int(t) for p, t in rows}
+
+    def peer_verdict_counts(self, job_id: str) -> dict[str, tuple[int, int]]:
+        """peer -> (verdicts, failed verdicts)."""
+        rows = self._query("SELECT peer_id, COUNT(*), COALESCE(SUM(1 - passed), 0) FROM verdicts WHERE job_id = ?"
+                           " GROUP BY peer_id", (job_id,))
+        return {p: (int(n), int(f)) for p, n, f in rows}

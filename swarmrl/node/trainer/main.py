@@ -1,6 +1,7 @@
 """The trainer process: hosts jobs, serves gRPC, announces jobs in the DHT, trains.
 
-Main loop: announce -> expire leases -> (for each job with a full batch) train_step.
+Main loop: announce -> expire leases -> coordinate with cotrainers -> (for each job with a full
+batch, or whose cotrainer is looking for an averaging group) train_step.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import time
 from swarmrl.node.config import TrainerConfig
 from swarmrl.node.models import base_model_sha256, prepare_base_model
 from swarmrl.node.runtime import set_threads, setup_logging, stop_event, write_ready
-from swarmrl.node.swarm.dht import REFRESH_S, announce_job, start_dht, visible_maddrs
+from swarmrl.node.swarm.dht import REFRESH_S, announce_job, find_jobs, start_dht, visible_maddrs
+from swarmrl.node.swarm.job_swarm import JobSwarm
 from swarmrl.node.trainer.job import JobRuntime, now_ms
 from swarmrl.node.trainer.ledger import Ledger
 from swarmrl.node.trainer.service import serve
@@ -22,13 +24,14 @@ from swarmrl.protocol.jobspec import JobSpec, job_id_from_body
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 log = logging.getLogger(__name__)
+COTRAINER_LOOK_S = 0.5   # how often the job records are read to follow cotrainers
 
 
 class Trainer:
     """The jobs of one trainer process, and the operations the gRPC service calls."""
 
-    def __init__(self, cfg: TrainerConfig, identity: Identity) -> None:
-        self.cfg, self.identity = cfg, identity
+    def __init__(self, cfg: TrainerConfig, identity: Identity, dht=None) -> None:
+        self.cfg, self.identity, self.dht = cfg, identity, dht
         self.ledger = Ledger(cfg.state_dir / "ledger.sqlite")
         self.jobs: dict[str, JobRuntime] = {}
         self.upload_bytes = 0
@@ -43,7 +46,13 @@ class Trainer:
         if base_model_sha256(path) != spec.base_model_sha256:
             raise ValueError(f"base model {spec.base_model} here does not match the job's sha256")
         runtime = JobRuntime(job_id, spec, identity=self.identity, model_path=path, state_dir=self.cfg.state_dir,
-                             ledger=self.ledger)
+                             ledger=self.ledger, prompt_shard=self.cfg.prompt_shard)
+        if self.dht is not None:
+            runtime.attach_swarm(JobSwarm(
+                self.dht, self.identity.peer_id, job_id,
+                allowed=set(self.cfg.cotrainers) if self.cfg.cotrainers is not None else None,
+                matchmaking_s=self.cfg.averaging_matchmaking_s, timeout_s=self.cfg.averaging_timeout_s,
+                fault=self.cfg.fault))
         self.jobs[job_id] = runtime
         return runtime
 
@@ -110,23 +119,33 @@ def run(cfg: TrainerConfig) -> None:
     stop = stop_event()
     identity = Identity.load_or_create(cfg.key)
     dht = start_dht(cfg.net.initial_peers, host=cfg.net.host, port=cfg.net.dht_port)
-    trainer = Trainer(cfg, identity)
+    trainer = Trainer(cfg, identity, dht)
     server, port = serve(trainer, cfg.net.host, cfg.grpc_port, cfg.max_message_mb)
     endpoint = f"{cfg.net.host}:{port}"
     write_ready(cfg.ready_file, {"endpoint": endpoint, "peer_id": identity.peer_id, "maddrs": visible_maddrs(dht)})
     log.info("trainer %s serving on %s", identity.peer_id, endpoint)
-    last_announce = 0.0
+    last_announce = last_look = 0.0
     try:
         while not stop.is_set():
             if time.monotonic() - last_announce > REFRESH_S:
                 for job in list(trainer.jobs.values()):
                     announce_job(dht, identity, job.record(endpoint))
                 last_announce = time.monotonic()
+            records = None
+            if trainer.jobs and time.monotonic() - last_look > COTRAINER_LOOK_S:
+                records, last_look = find_jobs(dht), time.monotonic()
             stepped = False
             for job in list(trainer.jobs.values()):
                 job.expire_leases()
-                if job.ready():
+                if records is not None:
+                    before = job.version
+                    job.coordinate(records)
+                    if job.version != before:
+                        announce_job(dht, identity, job.record(endpoint))
+                if job.ready() or job.peer_round_open():
                     row = job.train_step()
+                    if row is None:
+                        continue
                     stepped = True
                     log.info("job %s step %d reward %.3f loss %.4f", job.job_id, int(row["step"]),
                              row["reward_mean"], row["loss"])
@@ -135,5 +154,8 @@ def run(cfg: TrainerConfig) -> None:
                 stop.wait(0.2)
     finally:
         server.stop(grace=2).wait()
+        for job in trainer.jobs.values():
+            if job.swarm is not None:
+                job.swarm.shutdown()
         trainer.ledger.close()
         dht.shutdown()

@@ -24,7 +24,7 @@ CHUNK_BYTES = 1 << 20
 class TrainerService(pb_grpc.TrainerServicer):
     """Implements swarmrl.v1.Trainer on top of a `Trainer` (node.trainer.main)."""
 
-    def __init__(self, trainer) -> None:  # noqa: ANN001 (avoid an import cycle with main)
+    def __init__(self, trainer) -> None:
         self.trainer = trainer
 
     def SubmitJob(self, request: pb.Signed, context: grpc.ServicerContext) -> pb.JobAck:
@@ -52,6 +52,7 @@ class TrainerService(pb_grpc.TrainerServicer):
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")
         for update in job.updates(request):
             self.trainer.count_upload(len(update.payload))
+            job.count_upload(request.requester, len(update.payload))
             yield from chunks(update.header, update.payload)
 
     def GetJobStatus(self, request: pb.JobStatusRequest, context: grpc.ServicerContext) -> pb.JobStatus:
@@ -82,7 +83,7 @@ def chunks(header: pb.Signed, payload: bytes) -> Iterator[pb.AdapterChunk]:
         yield pb.AdapterChunk(header=header if i == 0 else None, data=part, last=i == n - 1)
 
 
-def serve(trainer, host: str, port: int, max_message_mb: int, workers: int = 8) -> tuple[grpc.Server, int]:  # noqa: ANN001
+def serve(trainer, host: str, port: int, max_message_mb: int, workers: int = 8) -> tuple[grpc.Server, int]:
     """Start the gRPC server on host:port (0 = any free port); returns (server, bound port)."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=channel_options(max_message_mb))
     pb_grpc.add_TrainerServicer_to_server(TrainerService(trainer), server)

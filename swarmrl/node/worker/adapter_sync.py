@@ -1,7 +1,8 @@
 """Catching up a job's adapter: fetch signed updates, verify, apply, check the hash.
 
 An update is accepted only when its header verifies under the trainer's public key (from the
-job's signed DHT record), its payload matches the header's sha256, a delta's `from_hash` is the
+job's signed DHT record) or the key of one of the job's other trainers that record lists (they
+average gradients, so their updates are bit-identical), its payload matches the header's sha256, a delta's `from_hash` is the
 hash the worker holds, and the result hashes to `to_hash`. Past `max_gap` versions behind, the
 worker asks for a full snapshot instead of the delta chain.
 """
@@ -9,7 +10,7 @@ worker asks for a full snapshot instead of the delta chain.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from swarmrl.protocol import adapter as ad
@@ -29,13 +30,15 @@ class ReceivedUpdate:
     payload: bytes
 
 
-def assemble(chunks: Iterable[pb.AdapterChunk], trainer_id: str) -> Iterator[ReceivedUpdate]:
-    """Reassemble a chunk stream into verified updates.
+def assemble(chunks: Iterable[pb.AdapterChunk], trainer_id: str | Collection[str]) -> Iterator[ReceivedUpdate]:
+    """Reassemble a chunk stream into verified updates signed by `trainer_id` (or any of a
+    collection of trainer ids).
 
     Raises:
         ad.AdapterError: a header that doesn't verify or isn't the trainer's, a payload whose
             sha256 or size differs from its header, or a stream that ends mid-update.
     """
+    signers = {trainer_id} if isinstance(trainer_id, str) else set(trainer_id)
     header: pb.AdapterUpdate | None = None
     envelope: pb.Signed | None = None
     parts: list[bytes] = []
@@ -48,8 +51,8 @@ def assemble(chunks: Iterable[pb.AdapterChunk], trainer_id: str) -> Iterator[Rec
                 header, signer = signing.open_signed(envelope, signing.ADAPTER_UPDATE, pb.AdapterUpdate)
             except signing.SignatureError as exc:
                 raise ad.AdapterError(f"adapter update header: {exc}") from exc
-            if signer != trainer_id:
-                raise ad.AdapterError(f"adapter update signed by {signer}, not the job's trainer {trainer_id}")
+            if signer not in signers:
+                raise ad.AdapterError(f"adapter update signed by {signer}, not by the job's trainer(s) {sorted(signers)}")
             parts = []
         if header is None:
             raise ad.AdapterError("payload chunk without a header")

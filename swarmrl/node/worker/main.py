@@ -1,12 +1,19 @@
 """The worker process: find jobs in the DHT, then work leases on them.
 
 Main loop: find jobs -> pick one -> lease -> catch up -> generate -> grade -> sign -> submit.
+Beside it, a prefetch thread follows each job's head version (from the trainers' DHT records)
+and pulls new adapter versions as soon as they are published, from peers first; the gossip node
+serves what this worker holds to other peers.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import random
 import threading
+import time
+from collections import defaultdict
 
 import grpc
 
@@ -15,7 +22,9 @@ from swarmrl.node.inference import build_backend
 from swarmrl.node.models import base_model_sha256, prepare_base_model, resolve_model_name
 from swarmrl.node.runtime import set_threads, setup_logging, stop_event, write_ready
 from swarmrl.node.swarm.dht import VerifiedRecord, find_jobs, start_dht
-from swarmrl.node.worker.session import JobSession
+from swarmrl.node.swarm.gossip import GossipNode, UpdateCache
+from swarmrl.node.worker.red_team import RedTeam
+from swarmrl.node.worker.session import AdapterBehind, JobSession
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
 
@@ -29,17 +38,31 @@ def servable(records: list[VerifiedRecord], base_model: str, sha256: str) -> lis
     return sorted(ok, key=lambda r: r.record.updated_ms, reverse=True)
 
 
+def by_job(records: list[VerifiedRecord]) -> dict[str, list[VerifiedRecord]]:
+    """Records grouped by job id (a job served by several trainers has one record per trainer)."""
+    out: dict[str, list[VerifiedRecord]] = defaultdict(list)
+    for r in records:
+        out[r.record.job_id].append(r)
+    return dict(out)
+
+
+TRAINER_RETRY_S = 30.0
+
+
 class Worker:
     """The job sessions of one worker process over one loaded base model."""
 
-    def __init__(self, cfg: WorkerConfig, identity: Identity) -> None:
+    def __init__(self, cfg: WorkerConfig, identity: Identity, dht=None, gossip: GossipNode | None = None) -> None:
         self.cfg, self.identity = cfg, identity
+        self.dht, self.gossip = dht, gossip
         self.model_name = resolve_model_name(cfg.base_model)
         path = prepare_base_model(self.model_name, cfg.cache_dir)
         self.sha256 = base_model_sha256(path)
         self.backend = build_backend(cfg.backend, path)
         self.sessions: dict[str, JobSession] = {}
         self.finished: dict[str, dict] = {}
+        self._failed_trainers: dict[str, float] = {}   # trainer id -> monotonic time until it is skipped
+        self.red_team = RedTeam(cfg.red_team) if cfg.red_team else None   # adversarial drill (local only)
 
     def session(self, rec: VerifiedRecord) -> JobSession:
         job_id = rec.record.job_id
@@ -48,29 +71,62 @@ class Worker:
             self.backend.add_slot(job_id, spec.lora)
             self.sessions[job_id] = JobSession(
                 rec.record, identity=self.identity, backend=self.backend, max_prompts=self.cfg.max_prompts,
-                max_message_mb=self.cfg.max_message_mb, grade_timeout_s=self.cfg.grade_timeout_s)
+                max_message_mb=self.cfg.max_message_mb, grade_timeout_s=self.cfg.grade_timeout_s,
+                gossip=self.gossip, dht=self.dht if self.gossip is not None else None, max_gap=self.cfg.max_gap,
+                peer_wait_s=self.cfg.peer_wait_s)
+        else:
+            self.sessions[job_id].use_record(rec.record)
         return self.sessions[job_id]
 
-    def finish(self, rec: VerifiedRecord) -> None:
+    def choose(self, records: list[VerifiedRecord]) -> VerifiedRecord:
+        """The trainer record to follow for one job: the preferred trainer, else the one followed
+        now, else one picked by rendezvous hashing (spreads workers over trainers); trainers that
+        failed recently are skipped while another is there."""
+        now = time.monotonic()
+        ok = [r for r in records if self._failed_trainers.get(r.trainer_id, 0.0) <= now] or records
+        current = self.sessions.get(ok[0].record.job_id)
+        for r in ok:
+            if r.trainer_id == self.cfg.prefer_trainer:
+                return r
+        for r in ok:
+            if current is not None and r.trainer_id == current.record.trainer_id:
+                return r
+        return min(ok, key=lambda r: hashlib.sha256((self.identity.peer_id + r.trainer_id).encode()).digest())
+
+    def finish(self, rec: VerifiedRecord, version: int | None = None) -> None:
         """A job is done: catch up to its final version (so we hold and can serve it), then close."""
         session = self.session(rec)
-        session.catch_up(int(rec.record.head_version))
-        self.finished[rec.record.job_id] = {"version": session.replica.version, "hash": session.replica.hash.hex()}
+        session.catch_up(int(rec.record.head_version) if version is None else version)
+        self.finished[rec.record.job_id] = {"version": session.replica.version, "hash": session.replica.hash.hex(),
+                                            "sync": session.sync.stats.report()}
         session.close()
         del self.sessions[rec.record.job_id]
         log.info("job %s done; holding final version %d", rec.record.job_id, session.replica.version)
 
     def report(self) -> dict:
-        adapters = {j: {"version": s.replica.version, "hash": s.replica.hash.hex()} for j, s in self.sessions.items()}
-        return {"peer_id": self.identity.peer_id, "adapters": {**adapters, **self.finished}}
+        adapters = {j: {"version": s.replica.version, "hash": s.replica.hash.hex(), "trainer": s.record.trainer_id,
+                        "sync": s.sync.stats.report()} for j, s in list(self.sessions.items())}
+        adapters.update(self.finished)
+        served = {j: self.gossip.served_bytes(j) for j in adapters} if self.gossip is not None else {}
+        for j, a in adapters.items():
+            a["peer_upload_bytes"] = served.get(j, 0)
+        out = {"peer_id": self.identity.peer_id, "adapters": adapters, "peer_upload_bytes": sum(served.values())}
+        if self.red_team is not None:
+            out["red_team"] = self.red_team.report()
+        return out
 
-    def tick(self, dht, stop: threading.Event) -> bool:  # noqa: ANN001
+    def tick(self, dht, stop: threading.Event) -> bool:
         """One pass over the known jobs. Returns False when there is nothing left to do."""
-        records = servable(find_jobs(dht), self.model_name, self.sha256)
-        for rec in records:
-            if rec.record.done and rec.record.job_id not in self.finished:
-                self._guard(self.finish, rec, stop)
-        live = [r for r in records if not r.record.done]
+        jobs = by_job(servable(find_jobs(dht), self.model_name, self.sha256))
+        live = []
+        for job_id, records in jobs.items():
+            rec = self.choose(records)
+            done = [r for r in records if r.record.done]
+            if done and job_id not in self.finished:
+                final = max(int(r.record.head_version) for r in done)
+                self._guard(self.finish, rec, stop, version=final)
+            elif not done:
+                live.append(rec)
         for rec in live:
             self._guard(lambda r: self._round(self.session(r), stop), rec, stop)
         write_ready(self.cfg.ready_file, self.report())
@@ -78,19 +134,39 @@ class Worker:
             stop.wait(self.cfg.poll_s)
         return bool(live) or not (self.cfg.exit_when_done and self.finished)
 
+    def prefetch_loop(self, stop: threading.Event) -> None:
+        """Pull each job's newest version as soon as a trainer announces it (replica only; the
+        backend loads it at the next lease), and keep this worker's holdings announced."""
+        while not stop.wait(self.cfg.sync_poll_s * random.uniform(0.5, 1.5)):
+            try:
+                jobs = by_job(servable(find_jobs(self.dht), self.model_name, self.sha256))
+                for job_id, session in list(self.sessions.items()):
+                    head = max((int(r.record.head_version) for r in jobs.get(job_id, [])), default=-1)
+                    if session.replica.version < head:
+                        session.prefetch(head)
+                if self.gossip is not None:
+                    self.gossip.refresh()
+            except Exception as exc:  # noqa: BLE001 - a peer, trainer or the DHT failed: the next poll retries
+                log.warning("prefetch failed: %r", exc)
+
     def _round(self, session: JobSession, stop: threading.Event) -> None:
-        result = session.work_once()
+        result = session.work_once() if self.red_team is None else self.red_team.work_once(session)
         if result is None:
             stop.wait(self.cfg.poll_s)
         else:
             log.info("job %s lease %s v%d: %d/%d groups admitted", session.job_id, result.lease_id,
                      result.policy_version, result.admitted, result.groups)
 
-    def _guard(self, fn, rec: VerifiedRecord, stop: threading.Event) -> None:  # noqa: ANN001
+    def _guard(self, fn, rec: VerifiedRecord, stop: threading.Event, **kwargs) -> None:
         try:
-            fn(rec)
+            fn(rec, **kwargs) if kwargs else fn(rec)
         except grpc.RpcError as exc:
+            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                self._failed_trainers[rec.trainer_id] = time.monotonic() + TRAINER_RETRY_S
             log.warning("job %s: trainer call failed (%s); retrying", rec.record.job_id, exc.code())
+            stop.wait(self.cfg.poll_s)
+        except AdapterBehind as exc:
+            log.info("job %s: %s; retrying", rec.record.job_id, exc)
             stop.wait(self.cfg.poll_s)
 
     def close(self) -> None:
@@ -104,13 +180,23 @@ def run(cfg: WorkerConfig) -> None:
     set_threads(cfg.threads)
     stop = stop_event()
     identity = Identity.load_or_create(cfg.key)
-    worker = Worker(cfg, identity)
     dht = start_dht(cfg.net.initial_peers, host=cfg.net.host, port=cfg.net.dht_port)
+    gossip = GossipNode(dht, identity, UpdateCache(keep_deltas=cfg.keep_deltas)) if cfg.gossip else None
+    worker = Worker(cfg, identity, dht, gossip)
     write_ready(cfg.ready_file, worker.report())
     log.info("worker %s serving %s", identity.peer_id, worker.model_name)
+    done = threading.Event()
+    prefetcher = threading.Thread(target=worker.prefetch_loop, args=(done,), name="prefetch", daemon=True)
+    prefetcher.start()
     try:
         while not stop.is_set() and worker.tick(dht, stop):
             pass
+        stop.wait(cfg.linger_s)   # keep serving what we hold while peers fetch the final version
+        write_ready(cfg.ready_file, worker.report())
     finally:
+        done.set()
+        prefetcher.join(timeout=10)
         worker.close()
+        if gossip is not None:
+            gossip.shutdown()
         dht.shutdown()

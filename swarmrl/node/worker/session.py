@@ -1,4 +1,10 @@
-"""One worker's work on one job: lease -> catch up -> generate -> grade -> sign -> submit."""
+"""One worker's work on one job: lease -> catch up -> generate -> grade -> sign -> submit.
+
+A session follows one of the job's trainers (its signed DHT record); `use_record` switches to
+another trainer of the same job (same adapter versions: they average gradients). Catch-up goes
+through `swarm.catchup.CatchUp` (peers first, the trainer as fallback); the backend's adapter is
+swapped only between rounds, so every completion carries the version that generated it.
+"""
 
 from __future__ import annotations
 
@@ -9,21 +15,29 @@ import time
 from dataclasses import dataclass
 
 import grpc
+import hivemind
 
 from swarmrl.node.grading import GradingPool
 from swarmrl.node.grpc_options import channel_options
-from swarmrl.node.inference.base import InferenceBackend, Sampling, SampledCompletion
+from swarmrl.node.inference.base import InferenceBackend, SampledCompletion, Sampling
 from swarmrl.node.models import encode_prompt
-from swarmrl.node.worker.adapter_sync import AdapterReplica, assemble
+from swarmrl.node.swarm.catchup import CatchUp
+from swarmrl.node.swarm.gossip import GossipNode
+from swarmrl.node.worker.adapter_sync import AdapterReplica
 from swarmrl.protocol import signing
 from swarmrl.protocol.envs import PromptSpec, get_environment
-from swarmrl.protocol.identity import Identity
+from swarmrl.protocol.identity import Identity, peer_id_from_public_key
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 MAX_GAP = 8  # versions behind past which a snapshot is cheaper than the delta chain
+
+
+class AdapterBehind(RuntimeError):
+    """No source could serve the adapter version a lease asks for yet (e.g. the followed trainer
+    is still syncing with its cotrainers); the round is retried."""
 
 
 @dataclass
@@ -41,15 +55,38 @@ class JobSession:
     """A worker's connection to one job's trainer, its adapter replica and grading pool."""
 
     def __init__(self, record: pb.JobRecord, *, identity: Identity, backend: InferenceBackend,
-                 max_prompts: int, max_message_mb: int, grade_timeout_s: float) -> None:
-        self.record = record
+                 max_prompts: int, max_message_mb: int, grade_timeout_s: float, gossip: GossipNode | None = None,
+                 dht: hivemind.DHT | None = None, max_gap: int = MAX_GAP, peer_wait_s: float = 1.0) -> None:
         self.spec = JobSpec.from_json(record.spec_json)
         self.identity, self.backend, self.max_prompts = identity, backend, max_prompts
+        self.max_message_mb = max_message_mb
         self.env = get_environment(self.spec.environment, self.spec.env_version)
+        self.record = record
         self.channel = grpc.insecure_channel(record.endpoint, options=channel_options(max_message_mb))
         self.stub = pb_grpc.TrainerStub(self.channel)
         self.replica = AdapterReplica(record.job_id, bytes(record.trainer_public_key))
+        self.sync = CatchUp(self.replica, trainer_fetch=lambda req: self.stub.FetchAdapter(req, timeout=120),
+                            signers=self.signers, gossip=gossip, dht=dht, max_gap=max_gap, peer_wait_s=peer_wait_s)
+        self.loaded_version = -1   # the version the backend generates with
         self.grader = GradingPool(self.spec.environment, self.spec.env_version, timeout_s=grade_timeout_s)
+
+    def signers(self) -> set[str]:
+        """Trainer ids whose signed updates this session accepts: the followed trainer and the
+        cotrainers its record lists."""
+        rec = self.record
+        return {peer_id_from_public_key(bytes(rec.trainer_public_key)),
+                *(peer_id_from_public_key(bytes(k)) for k in rec.cotrainer_keys if len(k) == 32)}
+
+    def use_record(self, record: pb.JobRecord) -> None:
+        """Follow `record` (a newer record of the same trainer, or another trainer of the job)."""
+        assert record.job_id == self.record.job_id
+        if record.endpoint != self.record.endpoint:
+            old = self.channel
+            self.channel = grpc.insecure_channel(record.endpoint, options=channel_options(self.max_message_mb))
+            self.stub = pb_grpc.TrainerStub(self.channel)
+            old.close()
+            log.info("job %s: now following trainer %s at %s", self.job_id[:12], record.trainer_id[:12], record.endpoint)
+        self.record = record
 
     @property
     def job_id(self) -> str:
@@ -83,18 +120,20 @@ class JobSession:
         return reply.lease
 
     def catch_up(self, version: int) -> None:
-        """Bring the adapter replica to at least `version` (deltas, or a snapshot past MAX_GAP)."""
-        if self.replica.version >= version:
-            return
-        snapshot = self.replica.version < 0 or version - self.replica.version > MAX_GAP
-        req = pb.AdapterRequest(job_id=self.job_id, have_version=max(self.replica.version, 0),
-                                want_version=version, snapshot=snapshot)
-        for update in assemble(self.stub.FetchAdapter(req, timeout=120), self.replica.trainer_id):
-            self.replica.apply(update)
+        """Bring the adapter replica to at least `version` (deltas from peers or the trainer, or a
+        snapshot past the gap limit) and load it into the backend."""
+        self.sync.run(version)
         if self.replica.version < version:
-            raise RuntimeError(f"trainer served adapter up to {self.replica.version}, lease wants {version}")
-        assert self.replica.state is not None
-        self.backend.set_adapter(self.job_id, self.replica.state)
+            raise AdapterBehind(f"adapter sources served up to {self.replica.version}, lease wants {version}")
+        state, held = self.sync.held()
+        if held != self.loaded_version:
+            assert state is not None
+            self.backend.set_adapter(self.job_id, state)
+            self.loaded_version = held
+
+    def prefetch(self, version: int) -> None:
+        """Bring the replica (not the backend) to `version` ahead of the next lease."""
+        self.sync.run(version)
 
     def generate(self, prompts: list[PromptSpec], lease: pb.Lease) -> list[pb.Group]:
         s = lease.sampling
@@ -108,7 +147,7 @@ class JobSession:
 
     def _completion(self, c: SampledCompletion) -> pb.Completion:
         return pb.Completion(token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason,
-                             policy_version=self.replica.version)
+                             policy_version=self.loaded_version)
 
     def grade(self, prompts: list[PromptSpec], groups: list[pb.Group]) -> None:
         """Reward every completion (in the grading subprocess pool); failures are recorded."""
@@ -137,4 +176,4 @@ class JobSession:
         admitted = sum(g.admitted for g in b.groups)
         if reasons:
             log.warning("lease %s: %d/%d groups admitted, rejected: %s", lease.lease_id, admitted, n_groups, reasons)
-        return RoundResult(lease.lease_id, self.replica.version, n_groups, admitted, reasons)
+        return RoundResult(lease.lease_id, self.loaded_version, n_groups, admitted, reasons)

@@ -18,7 +18,11 @@ every group of G completions had the same reward (zero advantage, zero gradient)
   (1.0 when the first line parses to an integer) weight 0.1, a small nudge that keeps
   completions parseable without outweighing a single correct answer. Total in [0, 1.1].
 - Sampling: stop at "\\n" and `max_new_tokens = 8` (the longest answer, " 171\\n", is 5 Gemma
-  tokens; the base model's completions average ~3.8 tokens).
+  tokens; the base model's completions average ~3.8 tokens); temperature 1.0, no top-k/top-p.
+
+Measured on the base model (held-out prompts, G=8, T=1.0): greedy accuracy 0.70 / 0.56,
+sampled accuracy 0.53 / 0.43, groups with reward variance 0.80 / 0.68 (n=40 seed 0 / n=80
+seed 1); parseable completions 98%. (The old format left 37 of 41 TRL steps without one such group.)
 
 Held-out split: every problem (a, op, b) is assigned to train or held-out by a hash, so
 held-out indices (>= HELDOUT_START) only ever show problems that training indices never show.
@@ -49,7 +53,7 @@ FEW_SHOT: tuple[tuple[int, str, int], ...] = (
 # mul_1x1 0.86 [0.46], mul_2x1 0.34 [0.51].
 FAMILIES: dict[str, tuple[float, str, range, range]] = {
     "add_1x1": (0.30, "+", range(1, 10), range(1, 10)),
-    "sub_1x1": (0.25, "-", range(1, 10), range(0, 10)),
+    "sub_1x1": (0.25, "-", range(1, 10), range(10)),
     "add_2x1": (0.30, "+", range(10, 40), range(1, 10)),
     "sub_2x1": (0.05, "-", range(10, 40), range(1, 10)),
     "mul_1x1": (0.05, "*", range(2, 10), range(2, 10)),
@@ -105,7 +109,9 @@ def parse_answer(completion: str) -> int | None:
     return int(found.group())
 
 
-def correctness_reward(prompts: list[str], completions: list[str], answer: list[int], **kwargs: Any) -> list[float | None]:
+def correctness_reward(
+    prompts: list[str], completions: list[str], answer: list[int], **kwargs: Any
+) -> list[float | None]:
     """1.0 when `parse_answer(completion) == answer`, else 0.0 (TRL reward-function signature).
 
     Raises:

@@ -114,7 +114,9 @@ def reward_kwargs(specs: Sequence[PromptSpec]) -> dict[str, list[Any]]:
     keys = set(specs[0].info)
     for spec in specs:
         if set(spec.info) != keys:
-            raise ValueError(f"prompt {spec.index} has info keys {sorted(spec.info)}, expected {sorted(keys)}")
+            raise ValueError(
+                f"prompt {spec.index} has info keys {sorted(spec.info)}, expected {sorted(keys)}"
+            )
     return {key: [spec.info[key] for spec in specs] for key in sorted(keys)}
 
 
@@ -134,7 +136,9 @@ def grade(
     for func in reward_funcs:
         values = list(func(prompts, list(completions), **kwargs))
         if len(values) != len(completions):
-            raise ValueError(f"{func.__name__} returned {len(values)} values for {len(completions)} completions")
+            raise ValueError(
+                f"{func.__name__} returned {len(values)} values for {len(completions)} completions"
+            )
         columns.append(values)
     return [list(row) for row in zip(*columns, strict=True)] if columns else [[] for _ in completions]
 

@@ -534,7 +534,7 @@ class AdapterRequest(_message.Message):
     have_version: _builtins.int
     """what the caller holds; ignored when snapshot is set"""
     want_version: _builtins.int
-    """0 = the head"""
+    """absent = the head"""
     snapshot: _builtins.bool
     """ask for a full adapter instead of deltas"""
     requester: _builtins.str
@@ -544,15 +544,17 @@ class AdapterRequest(_message.Message):
         *,
         job_id: _builtins.str = ...,
         have_version: _builtins.int = ...,
-        want_version: _builtins.int = ...,
+        want_version: _builtins.int | None = ...,
         snapshot: _builtins.bool = ...,
         requester: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_want_version", b"_want_version", "want_version", b"want_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["have_version", b"have_version", "job_id", b"job_id", "requester", b"requester", "snapshot", b"snapshot", "want_version", b"want_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_want_version", b"_want_version", "have_version", b"have_version", "job_id", b"job_id", "requester", b"requester", "snapshot", b"snapshot", "want_version", b"want_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__want_version: _TypeAlias = _typing.Literal["want_version"]  # noqa: Y015
+    _WhichOneofArgType__want_version: _TypeAlias = _typing.Literal["_want_version", b"_want_version"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__want_version) -> _WhichOneofReturnType__want_version | None: ...
 
 Global___AdapterRequest: _TypeAlias = AdapterRequest  # noqa: Y015
 
@@ -837,18 +839,61 @@ Global___StepMetrics: _TypeAlias = StepMetrics  # noqa: Y015
 class PeerInfo(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class RejectedByReasonEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     PEER_ID_FIELD_NUMBER: _builtins.int
     GROUPS_ADMITTED_FIELD_NUMBER: _builtins.int
     GROUPS_REJECTED_FIELD_NUMBER: _builtins.int
     REPUTATION_FIELD_NUMBER: _builtins.int
     BANNED_FIELD_NUMBER: _builtins.int
     BAN_REASON_FIELD_NUMBER: _builtins.int
+    BANNED_AT_MS_FIELD_NUMBER: _builtins.int
+    FIRST_SEEN_MS_FIELD_NUMBER: _builtins.int
+    GROUPS_TRAINED_FIELD_NUMBER: _builtins.int
+    GROUPS_DROPPED_FIELD_NUMBER: _builtins.int
+    REJECTED_BY_REASON_FIELD_NUMBER: _builtins.int
+    VERDICTS_CHECKED_FIELD_NUMBER: _builtins.int
+    VERDICTS_FAILED_FIELD_NUMBER: _builtins.int
+    STRIKES_FIELD_NUMBER: _builtins.int
     peer_id: _builtins.str
     groups_admitted: _builtins.int
     groups_rejected: _builtins.int
     reputation: _builtins.float
     banned: _builtins.bool
     ban_reason: _builtins.str
+    banned_at_ms: _builtins.int
+    """when this trainer banned the peer (0: not banned)"""
+    first_seen_ms: _builtins.int
+    """the peer's first batch at this trainer (admitted or not)"""
+    groups_trained: _builtins.int
+    """its groups consumed by a step"""
+    groups_dropped: _builtins.int
+    """its admitted groups dropped (ban, staleness)"""
+    verdicts_checked: _builtins.int
+    """validator verdicts on its groups"""
+    verdicts_failed: _builtins.int
+    strikes: _builtins.int
+    """attributable admission failures (batches)"""
+    @_builtins.property
+    def rejected_by_reason(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     def __init__(
         self,
         *,
@@ -858,10 +903,18 @@ class PeerInfo(_message.Message):
         reputation: _builtins.float = ...,
         banned: _builtins.bool = ...,
         ban_reason: _builtins.str = ...,
+        banned_at_ms: _builtins.int = ...,
+        first_seen_ms: _builtins.int = ...,
+        groups_trained: _builtins.int = ...,
+        groups_dropped: _builtins.int = ...,
+        rejected_by_reason: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        verdicts_checked: _builtins.int = ...,
+        verdicts_failed: _builtins.int = ...,
+        strikes: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ban_reason", b"ban_reason", "banned", b"banned", "groups_admitted", b"groups_admitted", "groups_rejected", b"groups_rejected", "peer_id", b"peer_id", "reputation", b"reputation"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ban_reason", b"ban_reason", "banned", b"banned", "banned_at_ms", b"banned_at_ms", "first_seen_ms", b"first_seen_ms", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_rejected", b"groups_rejected", "groups_trained", b"groups_trained", "peer_id", b"peer_id", "rejected_by_reason", b"rejected_by_reason", "reputation", b"reputation", "strikes", b"strikes", "verdicts_checked", b"verdicts_checked", "verdicts_failed", b"verdicts_failed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -934,6 +987,7 @@ class JobStatus(_message.Message):
     AVERAGING_SOLO_FIELD_NUMBER: _builtins.int
     AVERAGING_EXCLUDED_FIELD_NUMBER: _builtins.int
     STATE_SYNCS_FIELD_NUMBER: _builtins.int
+    GROUPS_DROPPED_BANNED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     state: _builtins.str
     """"running" | "done" | "unknown" """
@@ -959,6 +1013,8 @@ class JobStatus(_message.Message):
     """non-finite peer gradients left out of an average here"""
     state_syncs: _builtins.int
     """times this trainer adopted the job's state from a cotrainer"""
+    groups_dropped_banned: _builtins.int
+    """admitted groups dropped because their peer was banned"""
     @_builtins.property
     def groups_rejected(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """by reason"""
@@ -1005,10 +1061,11 @@ class JobStatus(_message.Message):
         averaging_solo: _builtins.int = ...,
         averaging_excluded: _builtins.int = ...,
         state_syncs: _builtins.int = ...,
+        groups_dropped_banned: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter_bytes", b"adapter_bytes", "adapter_hash", b"adapter_hash", "averaging_excluded", b"averaging_excluded", "averaging_rounds", b"averaging_rounds", "averaging_solo", b"averaging_solo", "cotrainers", b"cotrainers", "delta_bytes", b"delta_bytes", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_rejected", b"groups_rejected", "history", b"history", "job_id", b"job_id", "peers", b"peers", "policy_version", b"policy_version", "spec_json", b"spec_json", "state", b"state", "state_syncs", b"state_syncs", "step", b"step", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "upload_bytes", b"upload_bytes", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter_bytes", b"adapter_bytes", "adapter_hash", b"adapter_hash", "averaging_excluded", b"averaging_excluded", "averaging_rounds", b"averaging_rounds", "averaging_solo", b"averaging_solo", "cotrainers", b"cotrainers", "delta_bytes", b"delta_bytes", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_dropped_banned", b"groups_dropped_banned", "groups_rejected", b"groups_rejected", "history", b"history", "job_id", b"job_id", "peers", b"peers", "policy_version", b"policy_version", "spec_json", b"spec_json", "state", b"state", "state_syncs", b"state_syncs", "step", b"step", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "upload_bytes", b"upload_bytes", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

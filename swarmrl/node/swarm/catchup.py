@@ -1,0 +1,231 @@
+"""Catching a replica up: deltas from peers that hold them, the trainer as the fallback source.
+
+For each missing version the replica asks the peers that announce that delta (in random order),
+then, for whatever is still missing, the trainer over gRPC. More than `max_gap` versions behind
+(or holding nothing yet) it takes one snapshot instead: the newest one peers hold within
+`max_gap` of the wanted version (then deltas from there), else the trainer's snapshot of it. Every update is verified exactly as when it comes from the trainer: the
+header's signature (the job's trainer or a cotrainer it lists), the payload's sha256, the
+version asked for, and the from/to adapter hashes when applied. A peer that sends something that
+does not verify only wastes bandwidth: the bytes are counted and the peer is dropped for the
+session. When no peer holds the next delta yet, the replica waits up to `peer_wait_s` (a random
+share of it, so the first fetches of a fresh version spread out) for one to announce it.
+
+Verified updates are kept by the gossip node and served to others.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import hivemind
+
+from swarmrl.node.swarm.gossip import GossipNode
+from swarmrl.node.swarm.holders import Holder, UpdateKey, find_holders
+from swarmrl.node.worker.adapter_sync import AdapterReplica, ReceivedUpdate, assemble
+from swarmrl.protocol import adapter as ad
+from swarmrl.protocol.pb import swarm_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+TrainerFetch = Callable[[pb.AdapterRequest], Iterable[pb.AdapterChunk]]
+"""The trainer's FetchAdapter call, e.g. `lambda req: stub.FetchAdapter(req, timeout=120)`."""
+
+
+@dataclass
+class SyncStats:
+    """Where a replica's bytes came from (payload bytes), and when it first held each version."""
+
+    bytes_from_peers: int = 0
+    bytes_from_trainer: int = 0
+    wasted_bytes: int = 0
+    peer_updates: int = 0
+    trainer_updates: int = 0
+    snapshots: int = 0
+    dropped_peers: set[str] = field(default_factory=set)
+    held_at: dict[int, float] = field(default_factory=dict)   # version -> unix seconds
+
+    def report(self) -> dict:
+        return {"bytes_from_peers": self.bytes_from_peers, "bytes_from_trainer": self.bytes_from_trainer,
+                "wasted_bytes": self.wasted_bytes, "peer_updates": self.peer_updates,
+                "trainer_updates": self.trainer_updates, "snapshots": self.snapshots,
+                "dropped_peers": sorted(self.dropped_peers),
+                "held_at": {str(v): round(t, 3) for v, t in sorted(self.held_at.items())}}
+
+
+class CatchUp:
+    """Brings one job's `AdapterReplica` to a wanted version (thread-safe; see module docstring).
+
+    signers: the trainer ids whose signatures are accepted now (from the followed job record).
+    gossip/dht: None to fetch from the trainer only (no peers).
+    """
+
+    def __init__(self, replica: AdapterReplica, *, trainer_fetch: TrainerFetch, signers: Callable[[], set[str]],
+                 gossip: GossipNode | None = None, dht: hivemind.DHT | None = None, max_gap: int = 8,
+                 peer_wait_s: float = 1.0, rng: random.Random | None = None) -> None:
+        if max_gap < 1:
+            raise ValueError(f"max_gap must be >= 1, got {max_gap}")
+        self.replica, self.trainer_fetch, self.signers = replica, trainer_fetch, signers
+        self.gossip, self.dht = gossip, dht
+        self.max_gap, self.peer_wait_s = max_gap, peer_wait_s
+        self.rng = rng or random.Random()
+        self.stats = SyncStats()
+        self._failures: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def job_id(self) -> str:
+        return self.replica.job_id
+
+    def held(self) -> tuple[ad.State | None, int]:
+        """(state, version) of the replica, read consistently with a running catch-up."""
+        with self._lock:
+            return self.replica.state, self.replica.version
+
+    def run(self, want: int) -> None:
+        """Bring the replica to at least `want`.
+
+        Raises:
+            ad.AdapterError: the trainer's answer does not verify.
+            grpc.RpcError: the trainer could not be reached (and no peer had what was missing).
+        """
+        with self._lock:
+            if self.replica.version >= want:
+                return
+            try:
+                self._run(want)
+            finally:
+                if self.gossip is not None:
+                    self.gossip.announce(self.job_id)
+
+    def _run(self, want: int) -> None:
+        holders = self._holders()
+        if self.replica.version < 0 or want - self.replica.version > self.max_gap:
+            if not self._snapshot_from_peers(want, holders):
+                self._from_trainer(want, snapshot=True)
+                return
+        waited = False
+        while self.replica.version < want:
+            key = (self.replica.version + 1, False)
+            if self._from_peers(key, holders):
+                continue
+            if waited or self.gossip is None or self.peer_wait_s <= 0:
+                break
+            holders, waited = self._wait_for_holder(key), True
+        if self.replica.version < want:
+            self._from_trainer(want, snapshot=False)
+
+    # ---- peers
+    def _holders(self) -> dict[UpdateKey, list[Holder]]:
+        if self.gossip is None or self.dht is None:
+            return {}
+        try:
+            return find_holders(self.dht, self.job_id)
+        except Exception as exc:  # noqa: BLE001 - the DHT can fail: fall back to the trainer
+            log.warning("job %s: looking up delta holders failed: %r", self.job_id[:12], exc)
+            return {}
+
+    def _wait_for_holder(self, key: UpdateKey) -> dict[UpdateKey, list[Holder]]:
+        deadline = time.monotonic() + self.rng.uniform(0, self.peer_wait_s)
+        holders: dict[UpdateKey, list[Holder]] = {}
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+            holders = self._holders()
+            if self._candidates(key, holders):
+                break
+        return holders
+
+    def _candidates(self, key: UpdateKey, holders: dict[UpdateKey, list[Holder]]) -> list[Holder]:
+        assert self.gossip is not None or not holders
+        me = self.gossip.identity.peer_id if self.gossip is not None else ""
+        return [h for h in holders.get(key, []) if h.holder_id != me and h.holder_id not in self.stats.dropped_peers]
+
+    def _snapshot_from_peers(self, want: int, holders: dict[UpdateKey, list[Holder]]) -> bool:
+        """The newest snapshot peers hold within `max_gap` of `want` (deltas follow from there)."""
+        near = sorted((v for v, snap in holders if snap and want - self.max_gap <= v <= want), reverse=True)
+        return any(self._from_peers((v, True), holders) for v in near if v > self.replica.version)
+
+    def _from_peers(self, key: UpdateKey, holders: dict[UpdateKey, list[Holder]]) -> bool:
+        candidates = self._candidates(key, holders)
+        self.rng.shuffle(candidates)
+        for holder in candidates:
+            if self._from_peer(key, holder):
+                return True
+        return False
+
+    def _from_peer(self, key: UpdateKey, holder: Holder) -> bool:
+        assert self.gossip is not None
+        version, snapshot = key
+        req = pb.UpdateRequest(job_id=self.job_id, version=version, snapshot=snapshot,
+                               payload_sha256=holder.payload_sha256)
+        try:
+            got = self.gossip.fetch(holder.libp2p_peer_id, req)
+        except Exception as exc:  # noqa: BLE001 - a peer can vanish or stall: try the next one
+            self._failures[holder.holder_id] = self._failures.get(holder.holder_id, 0) + 1
+            if self._failures[holder.holder_id] >= 3:
+                self.stats.dropped_peers.add(holder.holder_id)
+            log.debug("job %s: fetching v%d from %s failed: %r", self.job_id[:12], version, holder.holder_id[:8], exc)
+            return False
+        size = sum(len(c.data) for c in got)
+        if not got:
+            return False  # it no longer holds it
+        try:
+            update = self._verified_one(got, key, holder.payload_sha256)
+        except ad.AdapterError as exc:
+            self._drop(holder, size, str(exc))
+            return False
+        try:
+            self._apply(update)
+        except ad.AdapterError as exc:  # signed, but for another branch than ours: useless, not a lie
+            self.stats.wasted_bytes += size
+            log.info("job %s: v%d from %s does not apply here: %s", self.job_id[:12], version, holder.holder_id[:8], exc)
+            return False
+        self.stats.bytes_from_peers += len(update.payload)
+        self.stats.peer_updates += 1
+        return True
+
+    def _verified_one(self, got: list[pb.AdapterChunk], key: UpdateKey, sha: bytes) -> ReceivedUpdate:
+        updates = list(assemble(got, self.signers()))
+        if len(updates) != 1:
+            raise ad.AdapterError(f"expected one update, got {len(updates)}")
+        h = updates[0].header
+        if (h.job_id != self.job_id or (int(h.to_version), bool(h.snapshot)) != key
+                or bytes(h.payload_sha256) != sha):
+            raise ad.AdapterError(f"asked for {key} of job {self.job_id[:12]}, got {h.to_version} of {h.job_id[:12]}")
+        return updates[0]
+
+    def _drop(self, holder: Holder, size: int, why: str) -> None:
+        self.stats.wasted_bytes += size
+        self.stats.dropped_peers.add(holder.holder_id)
+        log.warning("job %s: dropping peer %s for this session: %s", self.job_id[:12], holder.holder_id[:12], why)
+
+    # ---- trainer
+    def _from_trainer(self, want: int, *, snapshot: bool) -> None:
+        req = pb.AdapterRequest(job_id=self.job_id, have_version=max(self.replica.version, 0), want_version=want,
+                                snapshot=snapshot, requester="worker")
+        try:
+            for update in assemble(self.trainer_fetch(req), self.signers()):
+                self._apply(update)
+                self._count_trainer(update)
+        except ad.AdapterError as exc:
+            if snapshot:
+                raise
+            log.info("job %s: the delta chain does not apply here (%s); taking a snapshot", self.job_id[:12], exc)
+            self._from_trainer(want, snapshot=True)
+
+    def _count_trainer(self, update: ReceivedUpdate) -> None:
+        self.stats.bytes_from_trainer += len(update.payload)
+        self.stats.trainer_updates += 1
+
+    # ---- both
+    def _apply(self, update: ReceivedUpdate) -> None:
+        self.replica.apply(update)
+        if update.header.snapshot:
+            self.stats.snapshots += 1
+        self.stats.held_at.setdefault(self.replica.version, time.time())
+        if self.gossip is not None:
+            self.gossip.hold(update)

@@ -1,0 +1,169 @@
+"""Delta gossip: a peer serves the signed adapter updates it holds over hivemind's libp2p streams.
+
+Every worker keeps the updates it applied (the last `keep_deltas` deltas and `keep_snapshots`
+snapshots per job) in an `UpdateCache`, serves them under the libp2p protocol
+`swarmrl.v1.FetchUpdate` (request `UpdateRequest`, answer a stream of `AdapterChunk`, exactly what
+the trainer's gRPC `FetchAdapter` streams) and announces them in the DHT (`swarm.holders`). The
+node reuses the DHT's libp2p daemon (`DHT.replicate_p2p`) from an asyncio loop in a background
+thread. Bytes served and fetched are counted per job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
+
+import hivemind
+from hivemind.p2p import P2PContext, PeerID
+
+from swarmrl.node.swarm.dht import REFRESH_S
+from swarmrl.node.swarm.holders import announce_holdings
+from swarmrl.node.trainer.service import chunks
+from swarmrl.node.worker.adapter_sync import ReceivedUpdate
+from swarmrl.protocol.identity import Identity
+from swarmrl.protocol.pb import swarm_pb2 as pb
+
+log = logging.getLogger(__name__)
+PROTOCOL = "swarmrl.v1.FetchUpdate"
+MAX_UPDATE_BYTES = 1 << 30
+T = TypeVar("T")
+
+
+class LoopThread:
+    """An asyncio event loop running in a daemon thread; `run` executes a coroutine on it."""
+
+    def __init__(self, name: str = "swarmrl-loop") -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run `coro` on the loop and wait for it (raises its exception or TimeoutError)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+
+
+class UpdateCache:
+    """The signed updates a peer holds, per job: the newest deltas and snapshots (thread-safe)."""
+
+    def __init__(self, keep_deltas: int = 16, keep_snapshots: int = 2) -> None:
+        self.keep = {False: keep_deltas, True: keep_snapshots}
+        self._items: dict[str, dict[bool, OrderedDict[int, ReceivedUpdate]]] = {}
+        self._lock = threading.Lock()
+
+    def put(self, update: ReceivedUpdate) -> None:
+        h = update.header
+        with self._lock:
+            kinds = self._items.setdefault(h.job_id, {False: OrderedDict(), True: OrderedDict()})
+            held = kinds[bool(h.snapshot)]
+            held[int(h.to_version)] = update
+            for v in sorted(held)[:-self.keep[bool(h.snapshot)]]:
+                del held[v]
+
+    def get(self, job_id: str, version: int, snapshot: bool) -> ReceivedUpdate | None:
+        with self._lock:
+            return self._items.get(job_id, {}).get(snapshot, {}).get(version)
+
+    def held(self, job_id: str) -> list[pb.HeldUpdate]:
+        with self._lock:
+            kinds = self._items.get(job_id, {})
+            return [pb.HeldUpdate(version=v, snapshot=snap, payload_sha256=u.header.payload_sha256,
+                                  payload_size=len(u.payload))
+                    for snap, held in kinds.items() for v, u in held.items()]
+
+    def jobs(self) -> list[str]:
+        with self._lock:
+            return list(self._items)
+
+
+class GossipNode:
+    """Serves a peer's `UpdateCache` over libp2p, fetches updates from other peers and announces
+    its holdings in the DHT. `served[job]` counts payload bytes sent to other peers."""
+
+    def __init__(self, dht: hivemind.DHT, identity: Identity, cache: UpdateCache | None = None) -> None:
+        self.dht, self.identity = dht, identity
+        self.cache = cache or UpdateCache()
+        self.served: Counter[str] = Counter()
+        self._loop = LoopThread("swarmrl-gossip")
+        self.p2p: hivemind.P2P = self._loop.run(self._start(), timeout=60)
+        self.libp2p_peer_id: bytes = self.p2p.peer_id.to_bytes()
+        self._announced: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    async def _start(self) -> hivemind.P2P:
+        p2p = await self.dht.replicate_p2p()
+        await p2p.add_protobuf_handler(PROTOCOL, self._serve, pb.UpdateRequest, stream_output=True)
+        return p2p
+
+    async def _serve(self, req: pb.UpdateRequest, context: P2PContext) -> AsyncIterator[pb.AdapterChunk]:
+        update = self.cache.get(req.job_id, int(req.version), bool(req.snapshot))
+        if update is None or (req.payload_sha256 and req.payload_sha256 != update.header.payload_sha256):
+            return
+        with self._lock:
+            self.served[req.job_id] += len(update.payload)
+        for chunk in chunks(update.envelope, update.payload):
+            yield chunk
+
+    def fetch(self, libp2p_peer_id: bytes, req: pb.UpdateRequest, timeout_s: float = 30.0) -> list[pb.AdapterChunk]:
+        """The chunks a peer streams for `req` (empty when it doesn't hold it).
+
+        Raises:
+            TimeoutError, hivemind P2P errors, ValueError (more than MAX_UPDATE_BYTES).
+        """
+        return self._loop.run(asyncio.wait_for(self._fetch(libp2p_peer_id, req), timeout_s), timeout=timeout_s + 5)
+
+    async def _fetch(self, libp2p_peer_id: bytes, req: pb.UpdateRequest) -> list[pb.AdapterChunk]:
+        stream = await self.p2p.iterate_protobuf_handler(PeerID(libp2p_peer_id), PROTOCOL, req, pb.AdapterChunk)
+        out, size = [], 0
+        async for chunk in stream:
+            size += len(chunk.data)
+            if size > MAX_UPDATE_BYTES:
+                raise ValueError(f"peer streamed more than {MAX_UPDATE_BYTES} bytes")
+            out.append(chunk)
+        return out
+
+    def hold(self, update: ReceivedUpdate) -> None:
+        """Keep a verified update to serve it."""
+        self.cache.put(update)
+
+    def announce(self, job_id: str, *, force: bool = True) -> None:
+        """Announce this peer's holdings of `job_id` (when `force`, or when the last is stale)."""
+        last = self._announced.get(job_id, 0.0)
+        if not force and time.monotonic() - last < REFRESH_S:
+            return
+        held = self.cache.held(job_id)
+        if not held:
+            return
+        try:
+            announce_holdings(self.dht, self.identity, job_id, self.libp2p_peer_id, held, int(time.time() * 1000))
+            self._announced[job_id] = time.monotonic()
+        except Exception as exc:  # noqa: BLE001 - the DHT can fail; the next refresh retries
+            log.warning("announcing holdings of job %s failed: %r", job_id, exc)
+
+    def refresh(self) -> None:
+        """Re-announce every job's holdings whose record is due (call periodically)."""
+        for job_id in self.cache.jobs():
+            self.announce(job_id, force=False)
+
+    def served_bytes(self, job_id: str) -> int:
+        with self._lock:
+            return self.served[job_id]
+
+    def shutdown(self) -> None:
+        with contextlib.suppress(Exception):
+            self._loop.run(self._stop(), timeout=10)
+        self._loop.stop()
+
+    async def _stop(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.p2p.remove_protobuf_handler(PROTOCOL, stream_output=True)
+        await self.p2p.shutdown()

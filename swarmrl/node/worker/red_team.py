@@ -1,0 +1,348 @@
+"""Red-team drill: adversarial workers, each a transformation of the honest round.
+
+Legend: G = completions of a group, T = tokens of one completion, V = vocabulary.
+
+The honest round is lease -> catch up -> generate -> grade -> sign -> submit
+(`session.JobSession.work_once`). A red-team worker (`swarmrl worker -o red_team=MODE`, local
+drills only) runs the same round with one step replaced or one message doctored:
+
+| mode | what it changes | what should catch it |
+|---|---|---|
+| forged_signature | the batch's signature is garbage (its own lease, its own public key) | admission (bad_signature; attributable: the lease id was only sent to it) |
+| replay | resends an earlier batch verbatim, and its earlier groups re-signed under the new lease | admission (replay: unattributable; not_in_lease: signed, attributable) |
+| inflated_reward | every reward claimed at the environment's maximum | validator regrade |
+| fabricated_logprobs | sampling log-probs claimed confident (-0.01 per token) | validator logprob |
+| random_tokens | no model at all: uniform random tokens, log-probs of its uniform sampler (-log V) | validator logprob |
+| base_model_only | generates with the adapter disabled, claims the loaded version | validator logprob, once the adapter moved (version 0 equals the base model) |
+| stale_version | generates with a version STALE_LAG behind the lease's, claims the lease's | validator logprob, once versions differ |
+| prompt_swap | answers an easier prompt (single-digit addition) instead of the lease's | admission prompt_mismatch (signed: attributable) |
+| copycat | relabels other peers' admitted completions (read from the open SampleAdmitted RPC) onto its own lease | validator logprob / regrade (duplicate when the very completion comes again) |
+| nan_logprobs | one log-prob per completion is NaN | admission non_finite (signed: attributable) |
+
+The doctoring steps are pure functions (unit-tested with small inputs in tests/unit/test_red_team.py);
+`RedTeam.work_once` strings them into a round and counts what it submitted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from swarmrl.node.inference.base import Sampling
+from swarmrl.node.models import encode_prompt
+from swarmrl.node.worker.session import JobSession, RoundResult
+from swarmrl.protocol.envs import Environment, PromptSpec
+from swarmrl.protocol.envs.arithmetic import apply_op, format_prompt
+from swarmrl.protocol.pb import swarm_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+FORGED_SIGNATURE = "forged_signature"
+REPLAY = "replay"
+INFLATED_REWARD = "inflated_reward"
+FABRICATED_LOGPROBS = "fabricated_logprobs"
+RANDOM_TOKENS = "random_tokens"
+BASE_MODEL_ONLY = "base_model_only"
+STALE_VERSION = "stale_version"
+PROMPT_SWAP = "prompt_swap"
+COPYCAT = "copycat"
+NAN_LOGPROBS = "nan_logprobs"
+MODES = (FORGED_SIGNATURE, REPLAY, INFLATED_REWARD, FABRICATED_LOGPROBS, RANDOM_TOKENS, BASE_MODEL_ONLY,
+         STALE_VERSION, PROMPT_SWAP, COPYCAT, NAN_LOGPROBS)
+
+FABRICATED_LOGPROB = -0.01   # what a fabricating worker claims per token (a "confident" sample)
+STALE_LAG = 2                # versions behind the lease's that stale_version generates with
+EASY_PROBLEM = (1, "+", 1)   # what prompt_swap answers instead of the lease's prompt (arithmetic jobs)
+
+
+def check_mode(mode: str) -> str:
+    """`mode` if it is a known red-team mode. Raises ValueError otherwise."""
+    if mode not in MODES:
+        raise ValueError(f"unknown red-team mode {mode!r}; known: {', '.join(MODES)}")
+    return mode
+
+
+# ---- pure doctoring steps --------------------------------------------------------------------
+
+
+def forge_signature(envelope: pb.Signed) -> pb.Signed:
+    """The same body and public key with a signature that does not verify (bytes flipped)."""
+    forged = pb.Signed()
+    forged.CopyFrom(envelope)
+    forged.signature = bytes(b ^ 0xFF for b in envelope.signature)
+    return forged
+
+
+def inflate_rewards(groups: Sequence[pb.Group], reward_max: float, per_function: float = 1.0) -> None:
+    """Claim the total `reward_max` for every completion, and `per_function` from every reward
+    function (in place)."""
+    for g in groups:
+        for c in g.completions:
+            c.reward = reward_max
+            c.rewards[:] = [per_function] * len(c.rewards)
+            c.grade_error = ""
+
+
+def fabricate_logprobs(groups: Sequence[pb.Group], value: float = FABRICATED_LOGPROB) -> None:
+    """Claim `value` as every sampled token's log-prob (in place)."""
+    for g in groups:
+        for c in g.completions:
+            c.logprobs[:] = [value] * len(c.token_ids)
+
+
+def poison_logprobs(groups: Sequence[pb.Group]) -> None:
+    """Set each completion's first log-prob to NaN (in place)."""
+    for g in groups:
+        for c in g.completions:
+            if len(c.logprobs):
+                c.logprobs[0] = math.nan
+
+
+def claim_version(groups: Sequence[pb.Group], version: int) -> None:
+    """Claim `version` as every completion's policy version (in place)."""
+    for g in groups:
+        for c in g.completions:
+            c.policy_version = version
+
+
+def random_completion(rng: random.Random, allowed_ids: Sequence[int], length: int, vocab: int) -> pb.Completion:
+    """`length` tokens drawn uniformly from `allowed_ids`, each claimed at the log-prob of that
+    uniform draw (-log len(allowed_ids)); `vocab` only bounds the ids. Raises ValueError when
+    there is nothing to draw from or an id is outside [0, vocab)."""
+    if not allowed_ids or length < 1:
+        raise ValueError("need at least one allowed id and length >= 1")
+    if any(not 0 <= t < vocab for t in allowed_ids):
+        raise ValueError(f"allowed ids must lie in [0, {vocab})")
+    ids = [rng.choice(allowed_ids) for _ in range(length)]
+    lp = -math.log(len(allowed_ids))
+    return pb.Completion(token_ids=ids, logprobs=[lp] * length, finish_reason="length")
+
+
+def relabel(group: pb.Group, prompt_index: int, prompt_token_ids: Sequence[int], version: int) -> pb.Group:
+    """Another peer's group presented as an answer to `prompt_index` at `version` (a copy:
+    completions, log-probs and rewards unchanged)."""
+    out = pb.Group()
+    out.CopyFrom(group)
+    out.prompt_index = prompt_index
+    out.prompt_token_ids[:] = list(prompt_token_ids)
+    claim_version([out], version)
+    return out
+
+
+def easy_prompt(env: Environment, seed: int, prompt: PromptSpec) -> PromptSpec:
+    """An easier prompt standing in for `prompt` (same index): 1+1 on arithmetic jobs, else the
+    job's prompt 0."""
+    if env.name == "arithmetic":
+        a, op, b = EASY_PROBLEM
+        return PromptSpec(index=prompt.index, text=format_prompt(a, op, b),
+                          info={"answer": apply_op(a, op, b), "family": "easy"})
+    first = env.prompt(seed, 0)
+    return PromptSpec(index=prompt.index, text=first.text, info=first.info)
+
+
+def reassign(groups: Sequence[pb.Group], lease: pb.Lease) -> list[pb.Group]:
+    """Old groups (from earlier leases) re-presented unchanged, with the new lease's version:
+    their prompt indices are not the lease's."""
+    out = []
+    for g in groups:
+        copy = pb.Group()
+        copy.CopyFrom(g)
+        claim_version([copy], lease.policy_version)
+        out.append(copy)
+    return out
+
+
+def foreign_groups(admitted: Sequence[pb.AdmittedBatch], own_peer_id: str) -> list[pb.Group]:
+    """Admitted groups of other peers in `admitted` (batch bodies read without verification:
+    the copycat does not care who signed them)."""
+    out = []
+    for a in admitted:
+        try:
+            batch = pb.RolloutBatch.FromString(a.batch.body)
+        except Exception as exc:  # noqa: BLE001 - a body we can't parse is nothing to copy
+            log.debug("copycat: unparseable batch %d: %r", a.seq, exc)
+            continue
+        if batch.peer_id == own_peer_id:
+            continue
+        keep = set(a.admitted_prompt_indices)
+        out.extend(g for g in batch.groups if g.prompt_index in keep)
+    return out
+
+
+# ---- the adversarial round -------------------------------------------------------------------
+
+
+@dataclass
+class RedTeamStats:
+    """What an adversarial worker did (reported in its ready file for the drill's summary)."""
+
+    mode: str
+    submitted_groups: int = 0
+    submitted_batches: int = 0
+    admitted_groups: int = 0
+    first_submit_ms: int | None = None
+    last_reasons: list[str] = field(default_factory=list)
+
+    def report(self) -> dict:
+        return {"mode": self.mode, "submitted_groups": self.submitted_groups,
+                "submitted_batches": self.submitted_batches, "admitted_groups": self.admitted_groups,
+                "first_submit_ms": self.first_submit_ms, "last_reasons": self.last_reasons[-5:]}
+
+
+class RedTeam:
+    """One adversarial mode's round over a `JobSession` (the worker's `_round` calls `work_once`)."""
+
+    def __init__(self, mode: str, seed: int | None = None) -> None:
+        self.mode = check_mode(mode)
+        self.rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
+        self.stats = RedTeamStats(mode)
+        self._history: dict[str, dict[int, dict[str, torch.Tensor]]] = {}   # job -> version -> adapter state
+        self._sent: list[pb.Signed] = []          # replay: earlier envelopes
+        self._old_groups: list[pb.Group] = []     # replay: earlier groups
+        self._cursor: dict[str, int] = {}         # copycat: SampleAdmitted cursor per job
+        self._pool: list[pb.Group] = []           # copycat: foreign groups to copy
+
+    def report(self) -> dict:
+        return self.stats.report()
+
+    def work_once(self, session: JobSession) -> RoundResult | None:
+        """One adversarial lease round. Returns None when the trainer granted no lease."""
+        lease = session.request_lease()
+        if lease is None:
+            return None
+        session.catch_up(lease.policy_version)
+        self._remember_adapter(session)
+        prompts = session.env.prompts(session.spec.seed, list(lease.prompt_indices))
+        groups = self.generate(session, prompts, lease)
+        self.doctor_groups(session, groups)
+        envelope = session.sign(lease, groups)
+        if self.mode == FORGED_SIGNATURE:
+            envelope = forge_signature(envelope)
+        if self.mode == REPLAY and self._sent:
+            self._submit(session, lease, self._sent[-1], len(groups))   # verbatim replay
+            stale = reassign(self._old_groups[-len(groups):], lease)     # earlier groups, re-signed
+            envelope = session.sign(lease, stale)
+        result = self._submit(session, lease, envelope, len(groups))
+        if self.mode == REPLAY:
+            self._sent.append(envelope)
+            self._old_groups.extend(groups)
+        return result
+
+    # ---- generate (honest, or the mode's replacement)
+    def generate(self, session: JobSession, prompts: list[PromptSpec], lease: pb.Lease) -> list[pb.Group]:
+        if self.mode == RANDOM_TOKENS:
+            return self._random_groups(session, prompts, lease)
+        if self.mode == BASE_MODEL_ONLY:
+            return self._generate_with(session, prompts, lease, adapter=None)
+        if self.mode == STALE_VERSION:
+            return self._stale_groups(session, prompts, lease)
+        if self.mode == PROMPT_SWAP:
+            return self._swapped_groups(session, prompts, lease)
+        if self.mode == COPYCAT:
+            copied = self._copied_groups(session, prompts, lease)
+            if copied is not None:
+                return copied
+        groups = session.generate(prompts, lease)
+        session.grade(prompts, groups)
+        return groups
+
+    def _generate_with(self, session: JobSession, prompts: list[PromptSpec], lease: pb.Lease,
+                       adapter: str | None) -> list[pb.Group]:
+        s = lease.sampling
+        sampling = Sampling(n=s.n, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
+                            stop=tuple(s.stop), seed=self.rng.getrandbits(31))
+        tok = session.backend.tokenizer
+        prompt_ids = [encode_prompt(tok, p.text) for p in prompts]
+        outs = session.backend.generate(prompt_ids, sampling, adapter=adapter)
+        groups = [pb.Group(prompt_index=p.index, prompt_token_ids=ids,
+                           completions=[pb.Completion(token_ids=c.token_ids, logprobs=c.logprobs,
+                                                      finish_reason=c.finish_reason,
+                                                      policy_version=session.loaded_version) for c in comps])
+                  for p, ids, comps in zip(prompts, prompt_ids, outs)]
+        session.grade(prompts, groups)
+        return groups
+
+    def _random_groups(self, session: JobSession, prompts: list[PromptSpec], lease: pb.Lease) -> list[pb.Group]:
+        tok = session.backend.tokenizer
+        vocab = int(session.backend.vocab_size)
+        special = set(getattr(tok, "all_special_ids", [])) | set(session.backend.eos_token_ids)
+        allowed = [t for t in range(min(vocab, len(tok))) if t not in special]
+        n, length = lease.sampling.n, lease.sampling.max_new_tokens
+        groups = [pb.Group(prompt_index=p.index, prompt_token_ids=encode_prompt(tok, p.text),
+                           completions=[random_completion(self.rng, allowed, length, vocab) for _ in range(n)])
+                  for p in prompts]
+        claim_version(groups, session.loaded_version)
+        session.grade(prompts, groups)
+        return groups
+
+    def _remember_adapter(self, session: JobSession) -> None:
+        if self.mode != STALE_VERSION:
+            return
+        state, version = session.sync.held()
+        if state is None:
+            return
+        history = self._history.setdefault(session.job_id, {})
+        history[version] = {k: v.detach().clone() for k, v in state.items()}
+        for v in sorted(history)[:-(STALE_LAG + 2)]:
+            del history[v]
+
+    def _stale_groups(self, session: JobSession, prompts: list[PromptSpec], lease: pb.Lease) -> list[pb.Group]:
+        history = self._history.get(session.job_id, {})
+        if not history:
+            return self._generate_with(session, prompts, lease, adapter=session.job_id)
+        older = [v for v in history if v <= lease.policy_version - STALE_LAG]
+        used = max(older) if older else min(history)
+        session.backend.set_adapter(session.job_id, history[used])
+        session.loaded_version = -1   # the next honest catch-up reloads the real version
+        groups = self._generate_with(session, prompts, lease, adapter=session.job_id)
+        claim_version(groups, lease.policy_version)
+        log.info("stale_version: generated with v%d, claimed v%d", used, lease.policy_version)
+        return groups
+
+    def _swapped_groups(self, session: JobSession, prompts: list[PromptSpec], lease: pb.Lease) -> list[pb.Group]:
+        easy = [easy_prompt(session.env, session.spec.seed, p) for p in prompts]
+        return self._generate_with(session, easy, lease, adapter=session.job_id)
+
+    def _copied_groups(self, session: JobSession, prompts: list[PromptSpec], lease: pb.Lease) -> list[pb.Group] | None:
+        after = self._cursor.get(session.job_id, 0)
+        batches = list(session.stub.SampleAdmitted(
+            pb.SampleRequest(job_id=session.job_id, after_seq=after, max_batches=64), timeout=30))
+        if batches:
+            self._cursor[session.job_id] = max(int(b.seq) for b in batches)
+        self._pool.extend(foreign_groups(batches, session.identity.peer_id))
+        if len(self._pool) < len(prompts):
+            return None   # nothing to copy yet: work honestly (and build a reputation)
+        tok = session.backend.tokenizer
+        out = []
+        for p in prompts:
+            source = self._pool.pop()
+            out.append(relabel(source, p.index, encode_prompt(tok, p.text), lease.policy_version))
+        return out
+
+    # ---- doctor the graded groups
+    def doctor_groups(self, session: JobSession, groups: list[pb.Group]) -> None:
+        if self.mode == INFLATED_REWARD:
+            inflate_rewards(groups, float(session.env.reward_range[1]))
+        elif self.mode == FABRICATED_LOGPROBS:
+            fabricate_logprobs(groups)
+        elif self.mode == NAN_LOGPROBS:
+            poison_logprobs(groups)
+
+    # ---- submit and count
+    def _submit(self, session: JobSession, lease: pb.Lease, envelope: pb.Signed, n_groups: int) -> RoundResult:
+        now = int(time.time() * 1000)
+        if self.stats.first_submit_ms is None:
+            self.stats.first_submit_ms = now
+        self.stats.submitted_batches += 1
+        self.stats.submitted_groups += n_groups
+        result = session.submit(lease, envelope, n_groups)
+        self.stats.admitted_groups += result.admitted
+        self.stats.last_reasons = (self.stats.last_reasons + result.reasons)[-10:]
+        return result

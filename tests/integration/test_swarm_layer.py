@@ -1,0 +1,215 @@
+"""The swarm layer with real processes on loopback: two trainers serving one tiny job average
+their gradients and agree on every version; a late worker catches up (deltas from peers); a
+worker past the gap limit takes a snapshot; a peer with NaN gradients is left out of the
+average; a trainer killed with SIGKILL leaves the job running and the others in agreement; it
+restarts from its checkpoint, adopts the cotrainers' state and rejoins.
+
+The tests share one swarm (module fixture) and run in order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+
+from swarmrl.node.jobs import builtin_job
+from swarmrl.node.local import LocalSwarm
+from swarmrl.node.submitter import job_status, sign_job, stub, submit_signed
+from swarmrl.node.swarm.catchup import CatchUp
+from swarmrl.node.swarm.dht import start_dht
+from swarmrl.node.swarm.gossip import GossipNode
+from swarmrl.node.swarm.holders import find_holders
+from swarmrl.node.worker.adapter_sync import AdapterReplica, assemble
+from swarmrl.protocol.identity import Identity
+from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.integration
+TRAINERS = ("trainer0", "trainer1", "trainer2")   # trainer2 joins later as the NaN peer
+
+
+@dataclass
+class Swarm:
+    procs: LocalSwarm
+    work: Path
+    keys: dict[str, Identity]
+    peers: list[str]
+    cache: Path
+    dht: object = None             # this test process's own DHT node (hivemind.DHT)
+    job_id: str = ""
+    envelope: pb.Signed | None = None
+    endpoints: dict[str, str] = field(default_factory=dict)
+
+    def status(self, name: str) -> pb.JobStatus:
+        return job_status(self.endpoints[name], self.job_id, timeout_s=10)
+
+    def start_trainer(self, name: str, rank: int, extra: list[str] = ()) -> str:
+        ready = self.work / f"{name}.ready"
+        ready.unlink(missing_ok=True)
+        ids = [self.keys[t].peer_id for t in TRAINERS]
+        self.procs.start(name, "trainer", [
+            f"net.initial_peers={json.dumps(self.peers)}", f"cache_dir={json.dumps(str(self.cache))}",
+            f"key={json.dumps(str(self.work / 'keys' / (name + '.key')))}",
+            f"state_dir={json.dumps(str(self.work / name))}", f"ready_file={json.dumps(str(ready))}",
+            f"prompt_shard={json.dumps([rank, len(TRAINERS)])}", f"cotrainers={json.dumps(ids)}",
+            "averaging_matchmaking_s=1.0", "averaging_timeout_s=20", *extra])
+        self.endpoints[name] = self.procs.wait_ready(name, ready, timeout_s=180)["endpoint"]
+        return self.endpoints[name]
+
+    def kill(self, name: str) -> None:
+        """SIGKILL the trainer and everything it started (its DHT and averager processes, p2pd)."""
+        p = self.procs.procs[name]
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f}s waiting for {what}"
+        time.sleep(0.5)
+
+
+def same_state(sw: Swarm, names: list[str]) -> bool:
+    try:
+        got = {(s.policy_version, bytes(s.adapter_hash)) for s in (sw.status(n) for n in names)}
+    except grpc.RpcError:
+        return False
+    return len(got) == 1
+
+
+@pytest.fixture(scope="module")
+def sw(tmp_path_factory, model_cache) -> Swarm:
+    work = tmp_path_factory.mktemp("swarm_layer")
+    procs = LocalSwarm(work)
+    keys = {}
+    for name in (*TRAINERS, "worker0", "worker1", "submitter"):
+        keys[name] = Identity.generate()
+        keys[name].save(work / "keys" / f"{name}.key")
+    try:
+        procs.start("bootstrap", "bootstrap", [f"ready_file={json.dumps(str(work / 'bootstrap.ready'))}"])
+        peers = procs.wait_ready("bootstrap", work / "bootstrap.ready")["maddrs"]
+        s = Swarm(procs, work, keys, peers, model_cache, start_dht(peers))
+        s.start_trainer("trainer0", 0)
+        s.start_trainer("trainer1", 1)
+        for i, w in enumerate(("worker0", "worker1")):
+            procs.start(w, "worker", [
+                f"net.initial_peers={json.dumps(peers)}", f"cache_dir={json.dumps(str(model_cache))}",
+                f"key={json.dumps(str(work / 'keys' / (w + '.key')))}", "base_model=\"tiny\"",
+                f"ready_file={json.dumps(str(work / (w + '.ready')))}", "sync_poll_s=0.3", "peer_wait_s=0.5",
+                f"prefer_trainer={json.dumps(keys[TRAINERS[i]].peer_id)}"])
+        spec = builtin_job("tiny", model_cache, steps=500, batch_groups=2, prompts_per_lease=2, max_async_level=2)
+        s.envelope = sign_job(keys["submitter"], spec)
+        s.job_id = submit_signed(s.endpoints["trainer0"], s.envelope)
+        assert submit_signed(s.endpoints["trainer1"], s.envelope) == s.job_id
+        yield s
+    finally:
+        procs.stop_all()
+        if "s" in locals() and s.dht is not None:
+            s.dht.shutdown()
+
+
+def test_two_trainers_average_and_agree_on_every_version(sw: Swarm):
+    wait_for(lambda: min(sw.status(t).policy_version for t in TRAINERS[:2]) >= 3, 150, "three versions")
+    seen: dict[str, dict[int, bytes]] = {t: {} for t in TRAINERS[:2]}
+    deadline = time.monotonic() + 6
+    while time.monotonic() < deadline:
+        for t in TRAINERS[:2]:
+            st = sw.status(t)
+            seen[t][int(st.policy_version)] = bytes(st.adapter_hash)
+        time.sleep(0.2)
+    common = set(seen["trainer0"]) & set(seen["trainer1"])
+    assert len(common) >= 2, seen
+    for v in common:
+        assert seen["trainer0"][v] == seen["trainer1"][v], f"trainers disagree at version {v}"
+    for t, other in (("trainer0", "trainer1"), ("trainer1", "trainer0")):
+        st = sw.status(t)
+        assert st.averaging_rounds >= 2 and sw.keys[other].peer_id in st.cotrainers
+
+
+@pytest.fixture(scope="module")
+def late(sw: Swarm):
+    """An in-process worker that joins late: a gossip node on this process's DHT node, a replica."""
+    gossip = GossipNode(sw.dht, Identity.generate())
+    channel = grpc.insecure_channel(sw.endpoints["trainer0"])
+    trainer = pb_grpc.TrainerStub(channel)
+    replica = AdapterReplica(sw.job_id, sw.keys["trainer0"].public_key)
+    signers = {sw.keys[t].peer_id for t in TRAINERS}
+    cu = CatchUp(replica, trainer_fetch=lambda req: trainer.FetchAdapter(req, timeout=60), signers=lambda: signers,
+                 gossip=gossip, dht=sw.dht, max_gap=8, peer_wait_s=0.5)
+    yield cu
+    channel.close()
+    gossip.shutdown()
+
+
+def _trainer_hash(sw: Swarm, version: int) -> bytes:
+    req = pb.AdapterRequest(job_id=sw.job_id, want_version=version, snapshot=True)
+    updates = list(assemble(stub(sw.endpoints["trainer0"]).FetchAdapter(req, timeout=60), sw.keys["trainer0"].peer_id))
+    return bytes(updates[0].header.to_hash)
+
+
+def _held_by_workers(sw: Swarm, version: int, workers: int = 2) -> bool:
+    return len(find_holders(sw.dht, sw.job_id).get((version, False), [])) >= workers
+
+
+def test_late_worker_catches_up_and_then_gets_deltas_from_peers(sw: Swarm, late: CatchUp):
+    head = int(sw.status("trainer0").policy_version)
+    late.run(head)
+    assert late.replica.version == head and late.replica.hash == _trainer_hash(sw, head)
+    # the next versions: wait until both workers hold them, then catch up from peers only.
+    target = head + 2
+    wait_for(lambda: _held_by_workers(sw, target) and _held_by_workers(sw, target - 1), 120,
+             f"workers holding version {target}")
+    from_trainer = late.stats.bytes_from_trainer
+    late.run(target)
+    assert late.replica.version == target and late.replica.hash == _trainer_hash(sw, target)
+    assert late.stats.bytes_from_trainer == from_trainer and late.stats.peer_updates >= 2
+
+
+def test_worker_past_the_gap_takes_a_snapshot(sw: Swarm, late: CatchUp):
+    late.max_gap = 2
+    have = late.replica.version
+    wait_for(lambda: sw.status("trainer0").policy_version >= have + 3, 120, "three more versions")
+    head = int(sw.status("trainer0").policy_version)
+    snapshots = late.stats.snapshots
+    late.run(head)
+    assert late.stats.snapshots == snapshots + 1 and late.replica.applied[-2:] == [have, head]
+    assert late.replica.hash == _trainer_hash(sw, head)
+
+
+def test_a_peer_with_nan_gradients_is_excluded(sw: Swarm):
+    excluded_before = sum(sw.status(t).averaging_excluded for t in TRAINERS[:2])
+    sw.start_trainer("trainer2", 2, ["fault=\"nan_gradients\""])
+    assert submit_signed(sw.endpoints["trainer2"], sw.envelope) == sw.job_id
+    wait_for(lambda: sw.status("trainer2").state_syncs >= 1, 90, "trainer2 adopting the job's state")
+    wait_for(lambda: sum(sw.status(t).averaging_excluded for t in TRAINERS[:2]) > excluded_before, 90,
+             "a NaN gradient excluded")
+    v = sw.status("trainer0").policy_version
+    wait_for(lambda: sw.status("trainer0").policy_version >= v + 2, 90, "two more versions with the NaN peer")
+    wait_for(lambda: same_state(sw, list(TRAINERS)), 60, "all three trainers holding the same adapter")
+    assert sw.status("trainer2").averaging_rounds >= 1
+
+
+def test_sigkill_of_a_trainer_leaves_the_job_running_and_the_others_agreeing(sw: Swarm):
+    before = sw.status("trainer0").policy_version
+    sw.kill("trainer1")
+    wait_for(lambda: sw.status("trainer0").policy_version >= before + 3, 150, "three versions after the kill")
+    wait_for(lambda: same_state(sw, ["trainer0", "trainer2"]), 60, "the survivors agreeing")
+    assert sw.keys["trainer1"].peer_id not in sw.status("trainer0").cotrainers
+
+
+def test_restarted_trainer_resumes_from_its_checkpoint_and_rejoins(sw: Swarm):
+    sw.start_trainer("trainer1", 1)     # same key and state dir: resumes, re-hosts the job from its ledger
+    log = (sw.work / "logs" / "trainer1.log").read_text()
+    assert "resumed at version" in log
+    wait_for(lambda: sw.status("trainer1").state_syncs >= 1, 90, "trainer1 adopting the cotrainers' state")
+    wait_for(lambda: sw.status("trainer1").averaging_rounds >= 1, 90, "trainer1 averaging again")
+    wait_for(lambda: same_state(sw, list(TRAINERS)), 60, "all trainers agreeing after the restart")

@@ -1,0 +1,157 @@
+"""Delta gossip between real hivemind nodes on loopback: signed holder records, catch-up from a
+peer with the trainer as fallback, exact reconstruction, a lying peer dropped, the bootstrap
+error naming unreachable peers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from swarmrl.node.swarm.catchup import CatchUp
+from swarmrl.node.swarm.dht import SwarmError, start_dht, visible_maddrs
+from swarmrl.node.swarm.gossip import GossipNode
+from swarmrl.node.swarm.holders import find_holders, holders_key
+from swarmrl.node.trainer.adapter_store import AdapterStore
+from swarmrl.node.trainer.service import chunks
+from swarmrl.node.worker.adapter_sync import AdapterReplica, ReceivedUpdate
+from swarmrl.protocol import adapter as ad
+from swarmrl.protocol import signing
+from swarmrl.protocol.identity import Identity
+from swarmrl.protocol.pb import swarm_pb2 as pb
+
+JOB = "ab" * 16
+VERSIONS = 4
+
+
+class TrainerFetch:
+    """The trainer's FetchAdapter over a real AdapterStore, without gRPC; counts payload bytes."""
+
+    def __init__(self, store: AdapterStore, head: int) -> None:
+        self.store, self.head, self.bytes = store, head, 0
+
+    def __call__(self, req: pb.AdapterRequest) -> Iterator[pb.AdapterChunk]:
+        for update in self.store.updates(req, self.head):
+            self.bytes += len(update.payload)
+            yield from chunks(update.header, update.payload)
+
+
+def _publish(root: Path, job_id: str) -> tuple[Identity, AdapterStore, list[ad.State]]:
+    trainer = Identity.from_seed(b"t" * 32)
+    store = AdapterStore(root / "adapters", job_id, trainer)
+    gen = torch.Generator().manual_seed(0)
+    states = [{"l.lora_A.weight": torch.randn(8, 64, generator=gen), "l.lora_B.weight": torch.zeros(64, 8)}]
+    store.put_snapshot(0, states[0])
+    for v in range(1, VERSIONS + 1):
+        target = {k: t + 1e-3 * torch.randn(t.shape, generator=gen) for k, t in states[-1].items()}
+        exact, _ = store.publish(v, states[-1], target)
+        states.append(exact)
+    return trainer, store, states
+
+
+@pytest.fixture(scope="module")
+def published(tmp_path_factory) -> tuple[Identity, AdapterStore, list[ad.State]]:
+    return _publish(tmp_path_factory.mktemp("store"), JOB)
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    first = start_dht()
+    others = [start_dht(visible_maddrs(first)) for _ in range(2)]
+    dhts = [first, *others]
+    gossips = [GossipNode(d, Identity.generate()) for d in dhts]
+    yield dhts, gossips
+    for g in gossips:
+        g.shutdown()
+    for d in dhts:
+        d.shutdown()
+
+
+def _received(update) -> ReceivedUpdate:  # noqa: ANN001 - a StoredUpdate
+    header, _ = signing.open_signed(update.header, signing.ADAPTER_UPDATE, pb.AdapterUpdate)
+    return ReceivedUpdate(header, update.header, update.payload)
+
+
+def _catchup(gossip: GossipNode, dht, fetch: TrainerFetch, trainer: Identity, job_id: str = JOB,  # noqa: ANN001
+             **kw) -> CatchUp:
+    replica = AdapterReplica(job_id, trainer.public_key)
+    return CatchUp(replica, trainer_fetch=fetch, signers=lambda: {trainer.peer_id}, gossip=gossip, dht=dht,
+                   peer_wait_s=0.0, **kw)
+
+
+def test_unreachable_bootstrap_names_its_peers():
+    bogus = "/ip4/127.0.0.1/tcp/9/p2p/12D3KooWRwhU8ahZP1Et8jqbrF57eU67BrM9GHYufXouhtaZ9U7x"
+    with pytest.raises(SwarmError, match="tcp/9/p2p/12D3KooWRwhU8ahZP1Et8"):
+        start_dht([bogus])
+
+
+def test_peer_serves_deltas_and_the_trainer_is_only_the_fallback(published, nodes):
+    trainer, store, states = published
+    (dht_a, dht_b, _), (seed, leecher, _) = nodes
+    # peer A caught up from the trainer: it holds v0 (snapshot) and the deltas 1..VERSIONS.
+    first = _catchup(seed, dht_a, TrainerFetch(store, VERSIONS), trainer)
+    first.run(0)
+    first.run(VERSIONS)
+    assert first.stats.bytes_from_trainer > 0 and first.replica.hash == ad.adapter_hash(states[-1])
+    held = find_holders(dht_b, JOB)
+    assert {(v, False) for v in range(1, VERSIONS + 1)} <= set(held) and (0, True) in held
+
+    # peer B joins late: everything from A, nothing from the trainer, bit-identical result.
+    fetch = TrainerFetch(store, VERSIONS)
+    late = _catchup(leecher, dht_b, fetch, trainer)
+    late.run(VERSIONS)
+    assert fetch.bytes == 0 and late.stats.bytes_from_trainer == 0
+    assert late.stats.peer_updates == VERSIONS + 1 and late.replica.version == VERSIONS
+    assert late.replica.hash == ad.adapter_hash(states[-1])
+    assert seed.served_bytes(JOB) == late.stats.bytes_from_peers > 0
+
+
+def test_past_the_gap_a_snapshot_replaces_the_chain(published, nodes):
+    trainer, store, states = published
+    (_, _, dht_c), (_, _, node_c) = nodes
+    fetch = TrainerFetch(store, VERSIONS)
+    cu = _catchup(node_c, dht_c, fetch, trainer, max_gap=2)
+    cu.replica.apply(_received(store.snapshot(0)))
+    cu.run(VERSIONS)                      # 4 versions behind > gap 2: one snapshot of v4
+    assert cu.replica.applied == [0, VERSIONS] and cu.stats.snapshots == 1
+    assert cu.replica.hash == ad.adapter_hash(states[-1])
+
+
+def test_a_lying_peer_wastes_bytes_and_is_dropped(nodes, tmp_path: Path):
+    job = "cd" * 16
+    trainer, store, states = _publish(tmp_path, job)
+    (_, _, dht_c), (liar, _, _) = nodes
+    # the liar holds delta 1 with one flipped payload byte but announces the genuine sha256.
+    genuine = _received(store.delta(1))
+    tampered = bytearray(genuine.payload)
+    tampered[len(tampered) // 2] ^= 0xFF
+    liar.hold(ReceivedUpdate(genuine.header, genuine.envelope, bytes(tampered)))
+    liar.announce(job)
+    victim_dht = start_dht(visible_maddrs(dht_c))
+    victim_node = GossipNode(victim_dht, Identity.generate())
+    try:
+        fetch = TrainerFetch(store, VERSIONS)
+        cu = _catchup(victim_node, victim_dht, fetch, trainer, job_id=job)
+        cu.replica.apply(_received(store.snapshot(0)))
+        cu.run(1)
+        assert liar.identity.peer_id in cu.stats.dropped_peers and cu.stats.wasted_bytes > 0
+        assert cu.replica.version == 1 and cu.replica.hash == ad.adapter_hash(states[1])
+        assert fetch.bytes == len(genuine.payload)      # the trainer filled in
+    finally:
+        victim_node.shutdown()
+        victim_dht.shutdown()
+
+
+def test_forged_holder_records_are_dropped(nodes):
+    (dht_a, dht_b, _), _ = nodes
+    someone, forger = Identity.generate(), Identity.generate()
+    record = pb.DeltaHolder(job_id=JOB, holder_id=someone.peer_id, libp2p_peer_id=b"x",
+                            updates=[pb.HeldUpdate(version=99, payload_sha256=b"\0" * 32)])
+    envelope = signing.sign(forger, signing.DELTA_HOLDER, record)   # claims to be `someone`
+    from hivemind.utils import get_dht_time
+
+    assert dht_a.store(holders_key(JOB), envelope.SerializeToString(), expiration_time=get_dht_time() + 30,
+                       subkey=someone.peer_id)
+    assert (99, False) not in find_holders(dht_b, JOB)
