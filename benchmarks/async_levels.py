@@ -4,7 +4,7 @@ Prints, per level: reward over the last steps, mean staleness (versions behind) 
 rollouts, mean normalised ESS of the importance weights, groups dropped or rejected as stale,
 and wall time. Usage:
 
-    .venv/bin/python benchmarks/async_levels.py [--model tiny] [--steps 12] [--workers 2]
+    .venv/bin/python benchmarks/async_levels.py [--model tiny] [--steps 12] [--workers 2] [--lr 0.02]
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from swarmrl.node.local import UpOptions, run_up
 def run_level(level: int, args: argparse.Namespace, root: Path) -> dict:
     out = root / f"async{level}"
     summary = run_up(UpOptions(out=out, model=args.model, steps=args.steps, workers=args.workers,
-                               max_async_level=level, seed=args.seed))
+                               max_async_level=level, seed=args.seed,
+                               job_overrides={"learning_rate": args.lr} if args.lr else {}))
     with open(out / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     ess = [float(r["ess"]) for r in rows if r.get("ess")]
@@ -40,10 +41,11 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--levels", default="0,1,2,4")
+    p.add_argument("--lr", type=float, default=None, help="override the built-in job's learning rate")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="swarmrl-async-") as tmp:
         results = [run_level(int(lv), args, Path(tmp)) for lv in args.levels.split(",")]
-    print(f"\nmodel={args.model} steps={args.steps} workers={args.workers} seed={args.seed}")
+    print(f"\nmodel={args.model} steps={args.steps} workers={args.workers} seed={args.seed} lr={args.lr or 'job default'}")
     print(f"{'max_async_level':>15} {'reward(last 1/4)':>17} {'staleness':>10} {'ESS':>7} "
           f"{'stale rej.':>10} {'dropped':>8} {'seconds':>8}")
     base = results[0]["seconds"]

@@ -54,6 +54,7 @@ class UpOptions:
     timeout_s: float = 3600.0
     red_team: list[str] = field(default_factory=list)
     job_overrides: dict = field(default_factory=dict)
+    worker_overrides: list[str] = field(default_factory=list)   # extra `key=value` worker config (e.g. gossip=false)
 
 
 class SwarmFailed(RuntimeError):
@@ -178,7 +179,8 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path) -> dic
         swarm.start(w, "worker", net + cache + prefer + [
             f"key={json.dumps(str(work / 'keys' / (w + '.key')))}", f"base_model={json.dumps(spec.base_model)}",
             f"ready_file={json.dumps(str(work / (w + '.ready')))}", "exit_when_done=true",
-            f"threads={opts.threads.get('worker', 1)}"], threads=opts.threads.get("worker", 1), nice=HELPER_NICE)
+            f"threads={opts.threads.get('worker', 1)}", *opts.worker_overrides],
+            threads=opts.threads.get("worker", 1), nice=HELPER_NICE)
     for a, mode in adversaries.items():
         swarm.start(a, "worker", net + cache + [
             f"key={json.dumps(str(work / 'keys' / (a + '.key')))}", f"base_model={json.dumps(spec.base_model)}",
@@ -189,7 +191,8 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path) -> dic
             swarm.wait_ready(w, work / f"{w}.ready", timeout_s=300)
     with console.status("submitting the job (the trainers load the model)"):
         envelope = sign_job(keys["submitter"], spec)
-        job_id = [submit_signed(ep, envelope) for ep in endpoints][0]
+        job_ids = {submit_signed(ep, envelope) for ep in endpoints}   # the same signed job: one job id
+        job_id = job_ids.pop()
     t0 = time.monotonic()
     status = _follow(swarm, endpoint, job_id, spec, opts.timeout_s, watch=["bootstrap", *trainers, "validator"])
     adapter_dir = opts.out / "adapter"
@@ -203,6 +206,7 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path) -> dic
     figures = swarm_figures(statuses, workers_state, job_id,
                             base_model_bytes(prepare_base_model(spec.base_model, opts.cache_dir)))
     summary.update(figures)
+    summary["peers"] = sorted({p.peer_id for st in statuses for p in st.peers})
     summary["adapter_hash_agreement"] = summary["adapter_hash_agreement"] and figures["trainers_agree"] and all(
         t["hash"] == adapter_hash.hex() for t in figures["trainer_adapters"].values())
     _write_outputs(opts.out, status, summary)

@@ -50,3 +50,12 @@ def test_ledger_survives_reopen_and_tracks_group_states(tmp_path):
     restored = LeaseBook("J", ttl_ms=10)
     restored.restore(led.leases("J", open_only=True), led.admitted_indices("J"))
     assert list(restored.issue("w", 1, 0, pb.SamplingParams(), now_ms=0).prompt_indices) == [2]
+
+
+def test_an_index_answered_under_a_revoked_lease_is_not_reissued():
+    book = LeaseBook("J", ttl_ms=100)
+    a = book.issue("w1", 2, 0, pb.SamplingParams(), now_ms=0)
+    book.revoke([a.lease_id])
+    book.record_answers(a.lease_id, [0])  # the answer was already in flight
+    b = book.issue("w2", 2, 0, pb.SamplingParams(), now_ms=1)
+    assert list(b.prompt_indices) == [1, 2]

@@ -259,6 +259,7 @@ def test_nan_batches_ban_after_strikes_and_honest_peers_stay(runtime) -> None:
         receipt = _submit(job, signing.sign(bad, signing.ROLLOUT_BATCH, body))
         assert receipt.groups[0].reason == adm.NON_FINITE
         assert (bad.peer_id in job.banned) == (k == STRIKES_TO_BAN - 1)
+        assert job.leases.get(lease.lease_id) is None   # revoked: its prompt goes back to the queue now
     assert job.request_lease(bad.peer_id, pb.LeaseRequest(job_id=job.job_id)).reason == adm.BANNED
     assert good.peer_id not in job.banned
     peers = {p.peer_id: p for p in job.status(0).peers}
@@ -283,11 +284,11 @@ def test_nobody_can_get_an_honest_peer_banned_without_its_key(runtime) -> None:
     lease = _lease(job, victim)
     env = _honest_batch(job, victim, lease)
     assert _submit(job, env).groups[0].admitted
+    own = _lease(job, framer)                                              # the framer's own lease
     for _ in range(STRIKES_TO_BAN + 1):
         assert _submit(job, env).reason == adm.REPLAY                      # replay
         forged = rt.forge_signature(env)                                   # lease exposed by now
         assert _submit(job, forged).reason == adm.BAD_SIGNATURE
-        own = _lease(job, framer)                                          # the framer's own lease, victim's key
         fake = pb.Signed(body=pb.RolloutBatch(job_id=job.job_id, lease_id=own.lease_id, peer_id=victim.peer_id)
                          .SerializeToString(), public_key=victim.public_key, signature=b"\0" * 64)
         assert _submit(job, fake).reason == adm.BAD_SIGNATURE

@@ -32,7 +32,7 @@ def averagers():
         d.shutdown()
 
 
-def _round(avgs, grads, weights, version):  # noqa: ANN001, ANN202
+def _round(avgs, grads, weights, version):
     outs = [None] * len(avgs)
 
     def run(i: int) -> None:

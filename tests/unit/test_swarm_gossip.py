@@ -69,12 +69,12 @@ def nodes():
         d.shutdown()
 
 
-def _received(update) -> ReceivedUpdate:  # noqa: ANN001 - a StoredUpdate
+def _received(update) -> ReceivedUpdate:
     header, _ = signing.open_signed(update.header, signing.ADAPTER_UPDATE, pb.AdapterUpdate)
     return ReceivedUpdate(header, update.header, update.payload)
 
 
-def _catchup(gossip: GossipNode, dht, fetch: TrainerFetch, trainer: Identity, job_id: str = JOB,  # noqa: ANN001
+def _catchup(gossip: GossipNode, dht, fetch: TrainerFetch, trainer: Identity, job_id: str = JOB,
              **kw) -> CatchUp:
     replica = AdapterReplica(job_id, trainer.public_key)
     return CatchUp(replica, trainer_fetch=fetch, signers=lambda: {trainer.peer_id}, gossip=gossip, dht=dht,

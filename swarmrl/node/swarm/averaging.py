@@ -87,6 +87,9 @@ class ExactAllReduceRunner(AllReduceRunner):
         self.tensor_part_container = TensorPartContainer(tensors, peer_fractions, return_deltas=False,
                                                          **container_kwargs)
         self.parts_for_local_averaging = self.tensor_part_container.get_raw_input_parts(index)
+        unused = self.tensor_part_reducer   # hivemind's, replaced below: retire it quietly
+        unused.current_part_future.cancel()
+        unused.finished.set()
         self.tensor_part_reducer = ZeroSafeReducer(tuple(p.shape for p in self.parts_for_local_averaging),
                                                    len(self.sender_peer_ids))
         self.excluded: set[PeerID] = set()
@@ -152,7 +155,8 @@ class ExactAllReduceRunner(AllReduceRunner):
                     part_index += 1
                 except BannedException:
                     break
-                data = await loop.run_in_executor(None, lambda: serialize_torch_tensor(averaged, compression))
+                data = await loop.run_in_executor(
+                    None, lambda a=averaged, c=compression: serialize_torch_tensor(a, c))
                 yield averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=data)
         finally:
             if part_index != self.tensor_part_reducer.num_parts:
@@ -196,7 +200,7 @@ class ExactAverager(hivemind.averaging.DecentralizedAverager):
     def set_target_group_size(self, size: int | None) -> None:
         """Assemble a group as soon as `size` members joined (None: wait the whole matchmaking time)."""
         future: MPFuture = MPFuture()
-        self._outer_pipe.send(("_set_target_group_size", [], dict(size=size, future=future)))
+        self._outer_pipe.send(("_set_target_group_size", [], {"size": size, "future": future}))
         future.result()
 
     async def _set_target_group_size(self, size: int | None, future: MPFuture) -> None:

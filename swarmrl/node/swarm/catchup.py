@@ -28,9 +28,16 @@ from swarmrl.node.swarm.gossip import GossipNode
 from swarmrl.node.swarm.holders import Holder, UpdateKey, find_holders
 from swarmrl.node.worker.adapter_sync import AdapterReplica, ReceivedUpdate, assemble
 from swarmrl.protocol import adapter as ad
+from swarmrl.protocol import signing
 from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.signing import signer_id
 
 log = logging.getLogger(__name__)
+
+class UntrustedSigner(ad.AdapterError):
+    """A validly signed update from a trainer this replica does not accept (e.g. a cotrainer its
+    trainer's record does not list yet)."""
+
 
 TrainerFetch = Callable[[pb.AdapterRequest], Iterable[pb.AdapterChunk]]
 """The trainer's FetchAdapter call, e.g. `lambda req: stub.FetchAdapter(req, timeout=120)`."""
@@ -104,7 +111,9 @@ class CatchUp:
 
     def _run(self, want: int) -> None:
         holders = self._holders()
-        if self.replica.version < 0 or want - self.replica.version > self.max_gap:
+        far = self.replica.version < 0 or want - self.replica.version > self.max_gap
+        if far and not self._snapshot_from_peers(want, holders):
+            holders = self._wait_for_holder(lambda h: self._near_snapshots(want, h))
             if not self._snapshot_from_peers(want, holders):
                 self._from_trainer(want, snapshot=True)
                 return
@@ -113,9 +122,9 @@ class CatchUp:
             key = (self.replica.version + 1, False)
             if self._from_peers(key, holders):
                 continue
-            if waited or self.gossip is None or self.peer_wait_s <= 0:
+            if waited:
                 break
-            holders, waited = self._wait_for_holder(key), True
+            holders, waited = self._wait_for_holder(lambda h, key=key: self._candidates(key, h)), True
         if self.replica.version < want:
             self._from_trainer(want, snapshot=False)
 
@@ -129,25 +138,35 @@ class CatchUp:
             log.warning("job %s: looking up delta holders failed: %r", self.job_id[:12], exc)
             return {}
 
-    def _wait_for_holder(self, key: UpdateKey) -> dict[UpdateKey, list[Holder]]:
-        deadline = time.monotonic() + self.rng.uniform(0, self.peer_wait_s)
+    def _wait_for_holder(self, found: Callable[[dict[UpdateKey, list[Holder]]], list]) -> dict[UpdateKey, list[Holder]]:
+        """Poll the holder records for a random share of `peer_wait_s` until `found(holders)`."""
         holders: dict[UpdateKey, list[Holder]] = {}
+        if self.gossip is None or self.peer_wait_s <= 0:
+            return holders
+        deadline = time.monotonic() + self.rng.uniform(0, self.peer_wait_s)
         while time.monotonic() < deadline:
             time.sleep(0.1)
             holders = self._holders()
-            if self._candidates(key, holders):
+            if found(holders):
                 break
         return holders
 
     def _candidates(self, key: UpdateKey, holders: dict[UpdateKey, list[Holder]]) -> list[Holder]:
-        assert self.gossip is not None or not holders
+        """Holders of `key` worth asking: not us, not dropped, holding an update signed by a
+        trainer we accept (a holder's claim; what arrives is verified anyway)."""
         me = self.gossip.identity.peer_id if self.gossip is not None else ""
-        return [h for h in holders.get(key, []) if h.holder_id != me and h.holder_id not in self.stats.dropped_peers]
+        signers = self.signers()
+        return [h for h in holders.get(key, []) if h.holder_id != me and h.holder_id not in self.stats.dropped_peers
+                and h.signer in signers]
+
+    def _near_snapshots(self, want: int, holders: dict[UpdateKey, list[Holder]]) -> list[int]:
+        """Versions of snapshots peers hold that are newer than ours and within `max_gap` of `want`."""
+        return sorted((v for v, snap in holders if snap and max(want - self.max_gap, self.replica.version + 1) <= v
+                       <= want and self._candidates((v, True), holders)), reverse=True)
 
     def _snapshot_from_peers(self, want: int, holders: dict[UpdateKey, list[Holder]]) -> bool:
         """The newest snapshot peers hold within `max_gap` of `want` (deltas follow from there)."""
-        near = sorted((v for v, snap in holders if snap and want - self.max_gap <= v <= want), reverse=True)
-        return any(self._from_peers((v, True), holders) for v in near if v > self.replica.version)
+        return any(self._from_peers((v, True), holders) for v in self._near_snapshots(want, holders))
 
     def _from_peers(self, key: UpdateKey, holders: dict[UpdateKey, list[Holder]]) -> bool:
         candidates = self._candidates(key, holders)
@@ -175,6 +194,10 @@ class CatchUp:
             return False  # it no longer holds it
         try:
             update = self._verified_one(got, key, holder.payload_sha256)
+        except UntrustedSigner as exc:      # a genuine update we don't accept (yet): not a lie
+            self.stats.wasted_bytes += size
+            log.info("job %s: v%d from %s: %s", self.job_id[:12], version, holder.holder_id[:8], exc)
+            return False
         except ad.AdapterError as exc:
             self._drop(holder, size, str(exc))
             return False
@@ -189,6 +212,13 @@ class CatchUp:
         return True
 
     def _verified_one(self, got: list[pb.AdapterChunk], key: UpdateKey, sha: bytes) -> ReceivedUpdate:
+        first = got[0].header if got[0].HasField("header") else None
+        if first is not None and len(first.public_key) == 32 and signer_id(first) not in self.signers():
+            try:
+                signing.open_signed(first, signing.ADAPTER_UPDATE, pb.AdapterUpdate)
+            except signing.SignatureError as exc:
+                raise ad.AdapterError(f"adapter update header: {exc}") from exc
+            raise UntrustedSigner(f"signed by {signer_id(first)[:12]}, not a trainer we accept")
         updates = list(assemble(got, self.signers()))
         if len(updates) != 1:
             raise ad.AdapterError(f"expected one update, got {len(updates)}")

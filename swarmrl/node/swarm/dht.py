@@ -54,7 +54,7 @@ def start_dht(initial_peers: Sequence[str] = (), *, host: str = "127.0.0.1", por
     dht = hivemind.DHT(initial_peers=list(initial_peers), start=False, **safe_p2p_options(host, port))
     try:
         dht.run_in_background(await_ready=True)
-    except Exception as exc:  # noqa: BLE001 - hivemind's p2pd exits when no bootstrap peer answers
+    except Exception as exc:
         if dht.is_alive():
             dht.shutdown()
         if initial_peers:

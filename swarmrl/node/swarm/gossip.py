@@ -28,6 +28,7 @@ from swarmrl.node.trainer.service import chunks
 from swarmrl.node.worker.adapter_sync import ReceivedUpdate
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.signing import signer_id
 
 log = logging.getLogger(__name__)
 PROTOCOL = "swarmrl.v1.FetchUpdate"
@@ -77,7 +78,7 @@ class UpdateCache:
         with self._lock:
             kinds = self._items.get(job_id, {})
             return [pb.HeldUpdate(version=v, snapshot=snap, payload_sha256=u.header.payload_sha256,
-                                  payload_size=len(u.payload))
+                                  payload_size=len(u.payload), signer=signer_id(u.envelope))
                     for snap, held in kinds.items() for v, u in held.items()]
 
     def jobs(self) -> list[str]:

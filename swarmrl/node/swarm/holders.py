@@ -42,6 +42,7 @@ class Holder:
     libp2p_peer_id: bytes
     payload_sha256: bytes
     payload_size: int
+    signer: str          # the trainer that signed the update's header (as the holder claims)
 
 
 def announce_holdings(dht: hivemind.DHT, identity: Identity, job_id: str, libp2p_peer_id: bytes,
@@ -72,5 +73,5 @@ def find_holders(dht: hivemind.DHT, job_id: str) -> dict[UpdateKey, list[Holder]
             continue
         for u in record.updates:
             out[(int(u.version), bool(u.snapshot))].append(
-                Holder(signer, bytes(record.libp2p_peer_id), bytes(u.payload_sha256), int(u.payload_size)))
+                Holder(signer, bytes(record.libp2p_peer_id), bytes(u.payload_sha256), int(u.payload_size), u.signer))
     return dict(out)

@@ -92,7 +92,10 @@ class JobSwarm:
         adapter hash (None when none answered or it did not check)."""
         if self.averaging is None:
             return None
+        t0 = time.monotonic()
         got = self.averaging.load_state(timeout_s=self.timeout_s)
+        if time.monotonic() - t0 > 5:
+            log.info("job %s: loading state from peers took %.1fs", self.job_id[:12], time.monotonic() - t0)
         if got is None:
             return None
         try:
@@ -118,6 +121,9 @@ class JobSwarm:
         weight = float(batch.mask_BT.sum()) if finite else 0.0
         grads = learner.grads() if finite else [torch.zeros_like(p) for p in learner.params]
         outcome = self.averaging.finish(pending, grads, weight)
+        if time.monotonic() - t0 > self.matchmaking_s + 5:
+            log.info("job %s v%d: averaging round took %.1fs (%s)", self.job_id[:12], version,
+                     time.monotonic() - t0, outcome.reason or "agreed")
         self.counters["averaging_excluded"] += len(outcome.excluded)
         if outcome.group_size < expected:
             self.cotrainers.probe(self.job_id)   # someone missed the round: is it still there?

@@ -48,7 +48,7 @@ from swarmrl.protocol.verdicts import (
 
 log = logging.getLogger(__name__)
 STALE_AT_STEP = "stale_at_step"
-BACKLOG_BATCHES = 2  # leases are refused ("busy") while this many batches are pending or leased
+BACKLOG_BATCHES = 2  # leases are refused ("busy") while this many batches are pending
 
 
 def now_ms() -> int:
@@ -174,7 +174,7 @@ class JobRuntime:
         except signing.SignatureError as exc:
             holder = self._private_lease_holder(envelope, signer)
             if holder:
-                self._strike(holder, BAD_SIGNATURE_ON_OWN_LEASE)
+                self._strike(holder, BAD_SIGNATURE_ON_OWN_LEASE, pb.RolloutBatch.FromString(envelope.body).lease_id)
             return self._refuse(batch_id, signer, exc.reason, 1)
         self.expire_bans()
         lease = self.leases.get(batch.lease_id) or self.ledger.lease(batch.lease_id)
@@ -183,7 +183,7 @@ class JobRuntime:
         )
         if reason:
             if is_attributable(reason):
-                self._strike(signer, reason)
+                self._strike(signer, reason, batch.lease_id)
             return self._refuse(batch_id, signer, reason, max(1, len(batch.groups)))
         assert lease is not None
         return self._admit_groups(batch_id, envelope, batch, lease)
@@ -208,7 +208,7 @@ class JobRuntime:
             self.ledger.close_lease(lease.lease_id)
         blamed = next((v.reason for v in verdicts if is_attributable(v.reason)), "")
         if blamed:
-            self._strike(batch.peer_id, blamed)
+            self._strike(batch.peer_id, blamed, lease.lease_id)
         return pb.BatchReceipt(batch_id=batch_id, accepted=True, groups=verdicts)
 
     def _private_lease_holder(self, envelope: pb.Signed, named: str) -> str:
@@ -225,8 +225,11 @@ class JobRuntime:
         return named
 
     # ---- bans
-    def _strike(self, peer_id: str, reason: str) -> None:
-        """One attributable admission failure (a batch); STRIKES_TO_BAN of them ban the peer."""
+    def _strike(self, peer_id: str, reason: str, lease_id: str = "") -> None:
+        """One attributable admission failure (a batch); STRIKES_TO_BAN of them ban the peer.
+        The peer's lease it answered is revoked (its prompts go back to the queue at once)."""
+        self._revoke(self.leases.open_of(peer_id) if not lease_id else
+                     [lease_id] if lease_id in self.leases.open_of(peer_id) else [])
         self.strikes[peer_id] += 1
         if self.strikes[peer_id] >= STRIKES_TO_BAN and peer_id not in self.banned:
             self.ban(peer_id, f"admission: {self.strikes[peer_id]} attributable failures, last {reason}")
@@ -239,9 +242,14 @@ class JobRuntime:
             self.banned[peer_id], self.banned_at[peer_id] = reason[:200], at
             self._ban_until[peer_id] = at + duration_ms
         self.ledger.add_ban(self.job_id, peer_id, reason[:200], at, at + duration_ms)
+        self._revoke(self.leases.open_of(peer_id))
         dropped = self.ledger.drop_peer(self.job_id, peer_id, note=f"banned: {reason}"[:200])
         log.warning("job %s: banned %s (%s), dropped %d groups", self.job_id, peer_id, reason, dropped)
         return dropped
+
+    def _revoke(self, lease_ids: list[str]) -> None:
+        for lease_id in self.leases.revoke(lease_ids):
+            self.ledger.close_lease(lease_id)
 
     def lift_ban(self, peer_id: str) -> None:
         """End a ban now (the peer's history stays in the ledger)."""
@@ -275,8 +283,9 @@ class JobRuntime:
         return self.ledger.count_pending(self.job_id) >= self.spec.batch_groups
 
     def backlog(self) -> int:
-        """Groups pending plus prompts leased and not yet answered."""
-        return self.ledger.count_pending(self.job_id) + self.leases.outstanding_prompts()
+        """Admitted groups not trained yet. Outstanding leases don't count: a peer that takes
+        leases and never answers must not be able to starve the job of workers."""
+        return self.ledger.count_pending(self.job_id)
 
     def take_batch(self) -> list[PendingGroup]:
         """The next `batch_groups` pending groups still inside the staleness window."""
@@ -340,6 +349,10 @@ class JobRuntime:
         target = self.swarm.cotrainers.sync_target(self.version, self.head_hash)
         if target is not None and self.swarm.may_sync():
             self.sync_from(target)
+
+    def cotrainer_ids(self) -> tuple[str, ...]:
+        """The live cotrainers (the keys this trainer's record vouches for)."""
+        return tuple(c.trainer_id for c in self.swarm.cotrainers.live()) if self.swarm is not None else ()
 
     def peer_round_open(self) -> bool:
         """True when a cotrainer is looking for an averaging group at our version (join it)."""

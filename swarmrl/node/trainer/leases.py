@@ -27,6 +27,7 @@ class LeaseBook:
         self.rank, self.count = rank, count
         self._next_index = max(next_index, rank)
         self._requeued: deque[int] = deque()
+        self._admitted: set[int] = set()  # indices answered under any lease (never re-issued)
         self._open: dict[str, pb.Lease] = {}
         self._answered: dict[str, set[int]] = {}
         self._lock = threading.Lock()
@@ -34,6 +35,7 @@ class LeaseBook:
     def restore(self, leases: list[pb.Lease], admitted: set[int]) -> None:
         """Rebuild state after a restart from the ledger's open leases and admitted indices."""
         with self._lock:
+            self._admitted |= admitted
             for lease in leases:
                 self._open[lease.lease_id] = lease
                 self._answered[lease.lease_id] = {i for i in lease.prompt_indices if i in admitted}
@@ -45,7 +47,11 @@ class LeaseBook:
     def issue(self, peer_id: str, n: int, version: int, sampling: pb.SamplingParams, now_ms: int) -> pb.Lease:
         """A new lease of `n` prompt indices (re-queued ones first)."""
         with self._lock:
-            indices = [self._requeued.popleft() for _ in range(min(n, len(self._requeued)))]
+            indices = []
+            while self._requeued and len(indices) < n:
+                index = self._requeued.popleft()
+                if index not in self._admitted:  # a revoked/expired lease may still have been answered
+                    indices.append(index)
             while len(indices) < n:
                 indices.append(self._next_index)
                 self._next_index += self.count
@@ -70,6 +76,7 @@ class LeaseBook:
         with self._lock:
             done = self._answered.setdefault(lease_id, set())
             done.update(indices)
+            self._admitted.update(indices)
             lease = self._open.get(lease_id)
             if lease is not None and done >= set(lease.prompt_indices):
                 del self._open[lease_id]
@@ -86,11 +93,21 @@ class LeaseBook:
                 self._requeued.extendleft(reversed(missing))
             return expired
 
-    def outstanding_prompts(self) -> int:
-        """Leased prompts not answered yet (open leases only)."""
+    def revoke(self, lease_ids: list[str]) -> list[str]:
+        """Close open leases now (their answers were provably bad, or the holder was banned),
+        re-queue their unanswered indices; returns the ids that were open."""
         with self._lock:
-            return sum(len(set(lease.prompt_indices) - self._answered.get(lid, set()))
-                       for lid, lease in self._open.items())
+            closed = [lid for lid in lease_ids if lid in self._open]
+            for lid in closed:
+                lease = self._open.pop(lid)
+                missing = [i for i in lease.prompt_indices if i not in self._answered.get(lid, set())]
+                self._requeued.extendleft(reversed(missing))
+            return closed
+
+    def open_of(self, peer_id: str) -> list[str]:
+        """Ids of the peer's open leases."""
+        with self._lock:
+            return [lid for lid, lease in self._open.items() if lease.peer_id == peer_id]
 
     def open_count(self) -> int:
         with self._lock:

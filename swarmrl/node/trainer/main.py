@@ -138,9 +138,9 @@ def run(cfg: TrainerConfig) -> None:
             for job in list(trainer.jobs.values()):
                 job.expire_leases()
                 if records is not None:
-                    before = job.version
+                    before = (job.version, job.cotrainer_ids())
                     job.coordinate(records)
-                    if job.version != before:
+                    if (job.version, job.cotrainer_ids()) != before:   # adopted a version, or cotrainers changed
                         announce_job(dht, identity, job.record(endpoint))
                 if job.ready() or job.peer_round_open():
                     row = job.train_step()

@@ -98,7 +98,7 @@ class Worker:
         session = self.session(rec)
         session.catch_up(int(rec.record.head_version) if version is None else version)
         self.finished[rec.record.job_id] = {"version": session.replica.version, "hash": session.replica.hash.hex(),
-                                            "sync": session.sync.stats.report()}
+                                            "trainer": session.record.trainer_id, "sync": session.sync.stats.report()}
         session.close()
         del self.sessions[rec.record.job_id]
         log.info("job %s done; holding final version %d", rec.record.job_id, session.replica.version)

@@ -300,8 +300,10 @@ class RedTeam:
         older = [v for v in history if v <= lease.policy_version - STALE_LAG]
         used = max(older) if older else min(history)
         session.backend.set_adapter(session.job_id, history[used])
-        session.loaded_version = -1   # the next honest catch-up reloads the real version
-        groups = self._generate_with(session, prompts, lease, adapter=session.job_id)
+        try:
+            groups = self._generate_with(session, prompts, lease, adapter=session.job_id)
+        finally:
+            session.loaded_version = -1   # the backend holds an old version: the next catch-up reloads
         claim_version(groups, lease.policy_version)
         log.info("stale_version: generated with v%d, claimed v%d", used, lease.policy_version)
         return groups

@@ -651,11 +651,14 @@ class HeldUpdate(_message.Message):
     SNAPSHOT_FIELD_NUMBER: _builtins.int
     PAYLOAD_SHA256_FIELD_NUMBER: _builtins.int
     PAYLOAD_SIZE_FIELD_NUMBER: _builtins.int
+    SIGNER_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """the update's to_version"""
     snapshot: _builtins.bool
     payload_sha256: _builtins.bytes
     payload_size: _builtins.int
+    signer: _builtins.str
+    """peer id of the trainer whose signature the update's header carries"""
     def __init__(
         self,
         *,
@@ -663,10 +666,11 @@ class HeldUpdate(_message.Message):
         snapshot: _builtins.bool = ...,
         payload_sha256: _builtins.bytes = ...,
         payload_size: _builtins.int = ...,
+        signer: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["payload_sha256", b"payload_sha256", "payload_size", b"payload_size", "snapshot", b"snapshot", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["payload_sha256", b"payload_sha256", "payload_size", b"payload_size", "signer", b"signer", "snapshot", b"snapshot", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
