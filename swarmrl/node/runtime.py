@@ -38,6 +38,20 @@ def stop_event() -> threading.Event:
     return ev
 
 
+def start_role(role: str, key: Path, net, threads: int):
+    """The common start of a role process: logging, thread pools, signal handling, the peer's
+    identity and its DHT node. Returns (stop event, identity, DHT)."""
+    from swarmrl.node.swarm.dht import start_dht
+    from swarmrl.protocol.identity import Identity
+
+    setup_logging(role)
+    set_threads(threads)
+    stop = stop_event()
+    identity = Identity.load_or_create(key)
+    dht = start_dht(net.initial_peers, host=net.host, port=net.dht_port)
+    return stop, identity, dht
+
+
 def write_ready(path: Path | None, info: dict) -> None:
     """Atomically write a JSON ready file (orchestrators wait for it)."""
     if path is None:

@@ -9,9 +9,8 @@ from __future__ import annotations
 import logging
 
 from swarmrl.node.config import ValidatorConfig
-from swarmrl.node.runtime import set_threads, setup_logging, stop_event, write_ready
-from swarmrl.node.swarm.dht import find_jobs, start_dht
-from swarmrl.protocol.identity import Identity
+from swarmrl.node.runtime import start_role, write_ready
+from swarmrl.node.swarm.dht import find_jobs
 from swarmrl.validator.service import ValidatorService
 
 log = logging.getLogger(__name__)
@@ -19,11 +18,7 @@ log = logging.getLogger(__name__)
 
 def run(cfg: ValidatorConfig) -> None:
     """Start the validator and validate until SIGTERM / SIGINT."""
-    setup_logging("validator")
-    set_threads(cfg.threads)
-    stop = stop_event()
-    identity = Identity.load_or_create(cfg.key)
-    dht = start_dht(cfg.net.initial_peers, host=cfg.net.host, port=cfg.net.dht_port)
+    stop, identity, dht = start_role("validator", cfg.key, cfg.net, cfg.threads)
     service = ValidatorService(cfg, identity)
     write_ready(cfg.ready_file, {"peer_id": identity.peer_id})
     log.info("validator %s started", identity.peer_id)

@@ -18,11 +18,11 @@ Policy (the constants below):
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from swarmrl.node.sqlite_store import connect
 from swarmrl.protocol.verdicts import BANNING_CHECKS
 
 NEW_PEER_CHECKS = 16
@@ -72,11 +72,7 @@ class Reputation:
     """Per-peer reputation store. path: the SQLite file (":memory:" for a throwaway store)."""
 
     def __init__(self, path: Path | str) -> None:
-        if str(path) != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(SCHEMA)
+        self._db = connect(path, SCHEMA)
         self._lock = threading.Lock()
 
     def close(self) -> None:

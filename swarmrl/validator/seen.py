@@ -7,10 +7,10 @@ same ledgers are read again (a restart re-reads from the saved cursor).
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from pathlib import Path
 
+from swarmrl.node.sqlite_store import connect
 from swarmrl.validator.checks import FirstSeen
 
 SCHEMA = """
@@ -29,11 +29,7 @@ class SeenStore:
     """
 
     def __init__(self, path: Path | str) -> None:
-        if str(path) != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(SCHEMA)
+        self._db = connect(path, SCHEMA)
         self._lock = threading.Lock()
 
     def close(self) -> None:

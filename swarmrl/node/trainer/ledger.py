@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from swarmrl.node.sqlite_store import connect
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 SCHEMA = """
@@ -61,11 +62,7 @@ class Ledger:
     """Thread-safe SQLite ledger (one connection, serialized by a lock)."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(SCHEMA)
+        self._db = connect(path, SCHEMA, durable=True)
         self._lock = threading.Lock()
 
     @contextmanager

@@ -12,8 +12,8 @@ import time
 
 from swarmrl.node.config import TrainerConfig
 from swarmrl.node.models import base_model_sha256, prepare_base_model
-from swarmrl.node.runtime import set_threads, setup_logging, stop_event, write_ready
-from swarmrl.node.swarm.dht import REFRESH_S, announce_job, find_jobs, start_dht, visible_maddrs
+from swarmrl.node.runtime import start_role, write_ready
+from swarmrl.node.swarm.dht import REFRESH_S, announce_job, find_jobs, visible_maddrs
 from swarmrl.node.swarm.job_swarm import JobSwarm
 from swarmrl.node.trainer.job import JobRuntime, now_ms
 from swarmrl.node.trainer.ledger import Ledger
@@ -114,11 +114,7 @@ def _claimed_job_id(envelope: pb.Signed) -> str:
 
 def run(cfg: TrainerConfig) -> None:
     """Start the trainer and serve until SIGTERM."""
-    setup_logging("trainer")
-    set_threads(cfg.threads)
-    stop = stop_event()
-    identity = Identity.load_or_create(cfg.key)
-    dht = start_dht(cfg.net.initial_peers, host=cfg.net.host, port=cfg.net.dht_port)
+    stop, identity, dht = start_role("trainer", cfg.key, cfg.net, cfg.threads)
     trainer = Trainer(cfg, identity, dht)
     server, port = serve(trainer, cfg.net.host, cfg.grpc_port, cfg.max_message_mb)
     endpoint = f"{cfg.net.host}:{port}"

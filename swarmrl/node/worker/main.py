@@ -20,8 +20,8 @@ import grpc
 from swarmrl.node.config import WorkerConfig
 from swarmrl.node.inference import build_backend
 from swarmrl.node.models import base_model_sha256, prepare_base_model, resolve_model_name
-from swarmrl.node.runtime import set_threads, setup_logging, stop_event, write_ready
-from swarmrl.node.swarm.dht import VerifiedRecord, find_jobs, start_dht
+from swarmrl.node.runtime import start_role, write_ready
+from swarmrl.node.swarm.dht import VerifiedRecord, find_jobs
 from swarmrl.node.swarm.gossip import GossipNode, UpdateCache
 from swarmrl.node.worker.red_team import RedTeam
 from swarmrl.node.worker.session import AdapterBehind, JobSession
@@ -176,11 +176,7 @@ class Worker:
 
 def run(cfg: WorkerConfig) -> None:
     """Start the worker and work until SIGTERM (or, with exit_when_done, until its jobs are done)."""
-    setup_logging("worker")
-    set_threads(cfg.threads)
-    stop = stop_event()
-    identity = Identity.load_or_create(cfg.key)
-    dht = start_dht(cfg.net.initial_peers, host=cfg.net.host, port=cfg.net.dht_port)
+    stop, identity, dht = start_role("worker", cfg.key, cfg.net, cfg.threads)
     gossip = GossipNode(dht, identity, UpdateCache(keep_deltas=cfg.keep_deltas)) if cfg.gossip else None
     worker = Worker(cfg, identity, dht, gossip)
     write_ready(cfg.ready_file, worker.report())
