@@ -112,6 +112,51 @@ def _claimed_job_id(envelope: pb.Signed) -> str:
         return ""
 
 
+class TrainerLoop:
+    """The phases of the trainer's main loop: announce -> coordinate with cotrainers -> step."""
+
+    def __init__(self, trainer: Trainer, dht, identity: Identity, endpoint: str) -> None:
+        self.trainer, self.dht, self.identity, self.endpoint = trainer, dht, identity, endpoint
+        self.last_announce = self.last_look = 0.0
+
+    def announce(self, job: JobRuntime) -> None:
+        announce_job(self.dht, self.identity, job.record(self.endpoint))
+
+    def announce_if_due(self) -> None:
+        """Refresh every job's signed DHT record every REFRESH_S."""
+        if time.monotonic() - self.last_announce > REFRESH_S:
+            for job in list(self.trainer.jobs.values()):
+                self.announce(job)
+            self.last_announce = time.monotonic()
+
+    def look_for_cotrainers_if_due(self) -> list | None:
+        """The DHT's job records every COTRAINER_LOOK_S (None in between)."""
+        if not self.trainer.jobs or time.monotonic() - self.last_look <= COTRAINER_LOOK_S:
+            return None
+        self.last_look = time.monotonic()
+        return find_jobs(self.dht)
+
+    def coordinate(self, job: JobRuntime, records: list | None) -> None:
+        """Adopt a cotrainer's newer version or notice cotrainers come and go; re-announce on change."""
+        if records is None:
+            return
+        before = (job.version, job.cotrainer_ids())
+        job.coordinate(records)
+        if (job.version, job.cotrainer_ids()) != before:
+            self.announce(job)
+
+    def step(self, job: JobRuntime) -> bool:
+        """Train one step when a batch is ready (or a cotrainer opened a round); True if it stepped."""
+        if not (job.ready() or job.peer_round_open()):
+            return False
+        row = job.train_step()
+        if row is None:
+            return False
+        log.info("job %s step %d reward %.3f loss %.4f", job.job_id, int(row["step"]), row["reward_mean"], row["loss"])
+        self.announce(job)
+        return True
+
+
 def run(cfg: TrainerConfig) -> None:
     """Start the trainer and serve until SIGTERM."""
     stop, identity, dht = start_role("trainer", cfg.key, cfg.net, cfg.threads)
@@ -120,32 +165,16 @@ def run(cfg: TrainerConfig) -> None:
     endpoint = f"{cfg.net.host}:{port}"
     write_ready(cfg.ready_file, {"endpoint": endpoint, "peer_id": identity.peer_id, "maddrs": visible_maddrs(dht)})
     log.info("trainer %s serving on %s", identity.peer_id, endpoint)
-    last_announce = last_look = 0.0
+    loop = TrainerLoop(trainer, dht, identity, endpoint)
     try:
         while not stop.is_set():
-            if time.monotonic() - last_announce > REFRESH_S:
-                for job in list(trainer.jobs.values()):
-                    announce_job(dht, identity, job.record(endpoint))
-                last_announce = time.monotonic()
-            records = None
-            if trainer.jobs and time.monotonic() - last_look > COTRAINER_LOOK_S:
-                records, last_look = find_jobs(dht), time.monotonic()
+            loop.announce_if_due()
+            records = loop.look_for_cotrainers_if_due()
             stepped = False
             for job in list(trainer.jobs.values()):
                 job.expire_leases()
-                if records is not None:
-                    before = (job.version, job.cotrainer_ids())
-                    job.coordinate(records)
-                    if (job.version, job.cotrainer_ids()) != before:   # adopted a version, or cotrainers changed
-                        announce_job(dht, identity, job.record(endpoint))
-                if job.ready() or job.peer_round_open():
-                    row = job.train_step()
-                    if row is None:
-                        continue
-                    stepped = True
-                    log.info("job %s step %d reward %.3f loss %.4f", job.job_id, int(row["step"]),
-                             row["reward_mean"], row["loss"])
-                    announce_job(dht, identity, job.record(endpoint))
+                loop.coordinate(job, records)
+                stepped |= loop.step(job)
             if not stepped:
                 stop.wait(0.2)
     finally:
