@@ -169,13 +169,19 @@ def cmd_up(args: argparse.Namespace) -> int:
     from swarmrl.node.local import UpOptions, run_up
 
     threads = {k: int(v) for k, v in (p.split("=") for p in args.threads.split(",") if p)}
-    job = dict(cfgmod.parse_override(o) for o in args.job_overrides)
+    job: dict = {}
+    for item in args.job_overrides:
+        keys, value = cfgmod.parse_override(item)
+        node = job
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
     opts = UpOptions(out=args.out, model=args.model, steps=args.steps, workers=args.workers,
                      trainers=args.trainers, loss=args.loss,
                      max_async_level=args.max_async_level, seed=args.seed, cache_dir=args.cache_dir,
                      threads=threads, timeout_s=args.timeout,
                      red_team=[m for m in args.red_team.split(",") if m],
-                     job_overrides={".".join(k): v for k, v in job.items()})
+                     job_overrides=job)
     run_up(opts)
     return 0
 

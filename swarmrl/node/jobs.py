@@ -35,7 +35,15 @@ def builtin_job(model: str, cache_dir: Path | None = None, **overrides: Any) -> 
     path = prepare_base_model(name, cache_dir)
     data = {**DEFAULTS[name], "base_model": name, "base_model_sha256": base_model_sha256(path),
             "environment": "arithmetic", "env_version": "1"}
-    for key, value in overrides.items():
-        if value is not None:
-            data[key] = value
+    _merge(data, {k: v for k, v in overrides.items() if v is not None})
     return JobSpec.model_validate(data)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> None:
+    """Deep-merge `over` into `base` (nested tables override field by field)."""
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key] = dict(base[key])
+            _merge(base[key], value)
+        else:
+            base[key] = value
