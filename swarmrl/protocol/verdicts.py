@@ -11,7 +11,7 @@ lease's, out-of-vocabulary ids, ...), or a batch with a bad signature that carri
 only the named peer was ever told (its open lease, not yet exposed through SampleAdmitted).
 A bad signature alone, a replayed batch, a stale or late batch are rejected without blame:
 anyone can copy a public key or a batch, and an honest slow worker goes stale.
-`STRIKES_TO_BAN` such batches ban the peer for the job. Bans (both kinds) last `BAN_MS`
+`STRIKES_TO_BAN` such failures (one per provably wrong signed group) ban the peer for the job. Bans (both kinds) last `BAN_MS`
 (longer than any job) and are rebuilt from the ledger after a restart; see docs/ARCHITECTURE.md.
 """
 

@@ -78,7 +78,7 @@ class JobRuntime:
         self.banned: dict[str, str] = {}       # peer -> reason (bans: see `ban` and protocol.verdicts)
         self.banned_at: dict[str, int] = {}    # peer -> unix ms of the ban
         self._ban_until: dict[str, int] = {}
-        self.strikes: Counter[str] = Counter()  # peer -> attributable admission failures (batches)
+        self.strikes: Counter[str] = Counter()  # peer -> attributable admission failures (groups)
         self._prompt_ids: dict[int, list[int]] = {}
         self._lock = threading.RLock()
         self.version = 0
@@ -206,9 +206,9 @@ class JobRuntime:
         self.ledger.admit(batch_id, batch, envelope, admitted, now_ms())  # durable before the receipt
         if admitted and self.leases.record_answers(lease.lease_id, [g.prompt_index for g in admitted]):
             self.ledger.close_lease(lease.lease_id)
-        blamed = next((v.reason for v in verdicts if is_attributable(v.reason)), "")
+        blamed = [v.reason for v in verdicts if is_attributable(v.reason)]
         if blamed:
-            self._strike(batch.peer_id, blamed, lease.lease_id)
+            self._strike(batch.peer_id, blamed[-1], lease.lease_id, count=len(blamed))
         return pb.BatchReceipt(batch_id=batch_id, accepted=True, groups=verdicts)
 
     def _private_lease_holder(self, envelope: pb.Signed, named: str) -> str:
@@ -225,12 +225,13 @@ class JobRuntime:
         return named
 
     # ---- bans
-    def _strike(self, peer_id: str, reason: str, lease_id: str = "") -> None:
-        """One attributable admission failure (a batch); STRIKES_TO_BAN of them ban the peer.
-        The peer's lease it answered is revoked (its prompts go back to the queue at once)."""
+    def _strike(self, peer_id: str, reason: str, lease_id: str = "", count: int = 1) -> None:
+        """`count` attributable admission failures (provably wrong signed groups, or a forged
+        batch on the peer's private lease); STRIKES_TO_BAN of them ban the peer. The peer's lease
+        it answered is revoked (its prompts go back to the queue at once)."""
         self._revoke(self.leases.open_of(peer_id) if not lease_id else
                      [lease_id] if lease_id in self.leases.open_of(peer_id) else [])
-        self.strikes[peer_id] += 1
+        self.strikes[peer_id] += count
         if self.strikes[peer_id] >= STRIKES_TO_BAN and peer_id not in self.banned:
             self.ban(peer_id, f"admission: {self.strikes[peer_id]} attributable failures, last {reason}")
 
