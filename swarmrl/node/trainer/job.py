@@ -174,7 +174,8 @@ class JobRuntime:
         except signing.SignatureError as exc:
             holder = self._private_lease_holder(envelope, signer)
             if holder:
-                self._strike(holder, BAD_SIGNATURE_ON_OWN_LEASE, pb.RolloutBatch.FromString(envelope.body).lease_id)
+                forged = pb.RolloutBatch.FromString(envelope.body)
+                self._strike(holder, BAD_SIGNATURE_ON_OWN_LEASE, forged.lease_id, count=max(1, len(forged.groups)))
             return self._refuse(batch_id, signer, exc.reason, 1)
         self.expire_bans()
         lease = self.leases.get(batch.lease_id) or self.ledger.lease(batch.lease_id)
@@ -183,7 +184,7 @@ class JobRuntime:
         )
         if reason:
             if is_attributable(reason):
-                self._strike(signer, reason, batch.lease_id)
+                self._strike(signer, reason, batch.lease_id, count=max(1, len(batch.groups)))
             return self._refuse(batch_id, signer, reason, max(1, len(batch.groups)))
         assert lease is not None
         return self._admit_groups(batch_id, envelope, batch, lease)
