@@ -18,7 +18,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "max_async_level": 2, "lease_ttl_s": 60.0,
     },
     GEMMA: {
-        "name": "arithmetic-gemma", "group_size": 8, "batch_groups": 4, "prompts_per_lease": 2, "steps": 80,
+        "name": "arithmetic-gemma", "group_size": 8, "batch_groups": 8, "prompts_per_lease": 2, "steps": 60,
         "learning_rate": 1e-4, "lora": {"rank": 16, "alpha": 32},
         "sampling": {"temperature": 1.0, "max_new_tokens": 8, "stop": ["\n"]},
         "max_async_level": 2, "lease_ttl_s": 300.0,
