@@ -120,7 +120,7 @@ def prepare_base_model(name: str, cache_dir: Path | None = None) -> Path:
             if final.exists():  # a folder without a manifest: a foreign leftover, never ours
                 shutil.rmtree(final)
             os.replace(tmp, final)
-            _fsync_path(root)
+            fsync_path(root)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -144,7 +144,8 @@ def _remove_stale_builds(root: Path, canonical: str) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def _fsync_path(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """fsync a file or folder (a folder: so a rename inside it is durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -155,8 +156,8 @@ def _fsync_path(path: Path) -> None:
 def _fsync_tree(folder: Path) -> None:
     """Flush every file of a flat folder, then the folder, so a rename never exposes empty files."""
     for entry in folder.iterdir():
-        _fsync_path(entry)
-    _fsync_path(folder)
+        fsync_path(entry)
+    fsync_path(folder)
 
 
 def _make_readable(folder: Path) -> None:

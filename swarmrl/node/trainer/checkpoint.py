@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from swarmrl.node.models import fsync_path
 from swarmrl.node.trainer.adapter_store import write_atomic
 from swarmrl.protocol import adapter as ad
 
@@ -30,14 +31,6 @@ class Checkpoint:
     step: int
     state: ad.State
     optimizer: dict
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def save_checkpoint(root: Path, ckpt: Checkpoint) -> Path:
@@ -56,7 +49,7 @@ def save_checkpoint(root: Path, ckpt: Checkpoint) -> Path:
             os.fsync(fh.fileno())
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_path(root)
     write_atomic(root / "LATEST", final.name.encode())
     for old in sorted(root.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-KEEP]:
         shutil.rmtree(old, ignore_errors=True)
