@@ -48,9 +48,26 @@ def _session(record, backend, identity=None) -> JobSession:
                       max_message_mb=64, grade_timeout_s=10)
 
 
+def _lease(session: JobSession, timeout_s: float = 120) -> pb.Lease:
+    """A lease, waiting out backpressure ("busy") as a worker does: the trainer refuses leases while
+    two batches of admitted groups wait for a step, and how long that lasts depends on the machine."""
+    deadline = time.monotonic() + timeout_s
+    while (lease := session.request_lease()) is None:
+        assert session.last_refusal == "busy" and time.monotonic() < deadline, session.last_refusal
+        time.sleep(0.5)
+    return lease
+
+
+def _work_once(session: JobSession):
+    """`JobSession.work_once` that waits out backpressure; None never means "no lease" here."""
+    while (result := session.work_once()) is None:
+        assert session.last_refusal == "busy", session.last_refusal
+        time.sleep(0.5)
+    return result
+
+
 def _prepared_batch(session: JobSession) -> tuple[pb.Lease, pb.Signed]:
-    lease = session.request_lease()
-    assert lease is not None, session.last_refusal
+    lease = _lease(session)
     session.catch_up(lease.policy_version)
     prompts = session.env.prompts(session.spec.seed, list(lease.prompt_indices))
     groups = session.generate(prompts, lease)
@@ -75,8 +92,8 @@ def _group_reasons(receipt: pb.BatchReceipt) -> set[str]:
 def test_each_attack_is_rejected_with_its_reason_while_honest_work_continues(served_job):
     endpoint, record, backend = served_job
     honest = _session(record, backend)
-    first = honest.work_once()
-    assert first is not None and first.admitted == first.groups == 2
+    first = _work_once(honest)
+    assert first.admitted == first.groups == 2
 
     # stale: an attacker takes a lease now and answers it after the policy moved on.
     stale_id = Identity.generate()
@@ -118,14 +135,14 @@ def test_each_attack_is_rejected_with_its_reason_while_honest_work_continues(ser
     deadline = time.monotonic() + 240
     while job_status(endpoint, record.job_id).policy_version < lease_version + 2:
         assert time.monotonic() < deadline, "trainer did not advance"
-        result = honest.work_once()
-        assert result is not None and result.admitted == result.groups
+        result = _work_once(honest)
+        assert result.admitted == result.groups
     r = _send(endpoint, stale_envelope)
     assert r.accepted and _group_reasons(r) == {"stale"}
 
     # the trainer still serves the honest worker, and counted every reason.
-    after = honest.work_once()
-    assert after is not None and after.admitted == after.groups
+    after = _work_once(honest)
+    assert after.admitted == after.groups
     rejected = dict(job_status(endpoint, record.job_id).groups_rejected)
     for reason in ("bad_signature", "replay", "unknown_lease", "non_finite", "stale"):
         assert rejected.get(reason, 0) >= 1, (reason, rejected)
@@ -146,8 +163,7 @@ def test_lease_of_a_vanished_worker_is_reissued(served_job, model_cache):
     dead_lease, dead_envelope = _prepared_batch(vanished)  # generated, never sent in time
     time.sleep(2.0)
     survivor = _session(short, backend)
-    lease = survivor.request_lease()
-    assert lease is not None
+    lease = _lease(survivor)
     assert sorted(lease.prompt_indices) == sorted(dead_lease.prompt_indices)
     r = _send(endpoint, dead_envelope)
     assert not r.accepted and r.reason == "lease_expired"
