@@ -155,7 +155,7 @@ def test_copycat_finds_foreign_groups_and_relabels_them() -> None:
         return pb.AdmittedBatch(seq=seq, batch=signing.sign(who, signing.ROLLOUT_BATCH, body),
                                 admitted_prompt_indices=admitted_)
 
-    found = rt.foreign_groups([batch(other, [0, 1], [1], 1), batch(me, [2], [2], 2)], me.peer_id)
+    found = rt.admitted_groups([batch(other, [0, 1], [1], 1), batch(me, [2], [2], 2)], exclude_peer=me.peer_id)
     assert [g.prompt_index for g in found] == [1]
     copied = rt.relabel(found[0], 9, [4, 4], version=3)
     assert copied.prompt_index == 9 and list(copied.prompt_token_ids) == [4, 4]
@@ -267,6 +267,25 @@ def test_nan_batches_ban_after_strikes_and_honest_peers_stay(runtime) -> None:
     assert peers[bad.peer_id].strikes == STRIKES_TO_BAN and peers[bad.peer_id].rejected_by_reason[adm.NON_FINITE] >= 1
 
 
+def test_a_replaying_peer_is_banned_in_one_round(runtime) -> None:
+    """The replay mode's round: a verbatim resend of another peer's admitted batch is refused
+    without blame; earlier admitted groups re-signed under the replayer's own lease are one strike
+    each, so REPLAY_GROUPS >= STRIKES_TO_BAN of them ban it at once."""
+    job, _, _ = runtime
+    alice, replayer = Identity.from_seed(b"a" * 32), Identity.from_seed(b"r" * 32)
+    sent = [_honest_batch(job, alice, _lease(job, alice)) for _ in range(STRIKES_TO_BAN)]
+    assert all(_submit(job, env).groups[0].admitted for env in sent)
+    lease = _lease(job, replayer)
+    assert _submit(job, sent[-1]).reason == adm.REPLAY and job.strikes[replayer.peer_id] == 0
+    earlier = [g for env in sent for g in pb.RolloutBatch.FromString(env.body).groups]
+    assert rt.REPLAY_GROUPS >= STRIKES_TO_BAN and len(earlier) <= rt.REPLAY_GROUPS
+    body = pb.RolloutBatch(job_id=job.job_id, lease_id=lease.lease_id, peer_id=replayer.peer_id,
+                           groups=rt.reassign(earlier, lease))
+    receipt = _submit(job, signing.sign(replayer, signing.ROLLOUT_BATCH, body))
+    assert [g.reason for g in receipt.groups] == [adm.NOT_IN_LEASE] * len(earlier)
+    assert replayer.peer_id in job.banned and alice.peer_id not in job.banned
+
+
 def test_forged_signature_on_own_private_lease_is_attributable(runtime) -> None:
     job, _, _ = runtime
     forger = Identity.from_seed(b"g" * 32)
@@ -307,9 +326,28 @@ def test_verdict_ban_drops_pending_groups_and_survives_a_restart(runtime, model_
     assert st.groups_dropped_banned == 1 and ledger.count_pending(job.job_id) == 0
     again = JobRuntime(job.job_id, job.spec, identity=job.identity, model_path=prepare_base_model("tiny", model_cache),
                        state_dir=state, ledger=ledger)
-    assert cheat.peer_id in again.banned and again.banned_at[cheat.peer_id] == job.banned_at[cheat.peer_id]
+    assert cheat.peer_id in again.banned and again.bans.banned_at[cheat.peer_id] == job.bans.banned_at[cheat.peer_id]
     again.lift_ban(cheat.peer_id)
     assert cheat.peer_id not in again.banned and not ledger.bans(job.job_id)
+
+
+def test_strikes_survive_a_trainer_restart(runtime, model_cache) -> None:
+    """A cheater one strike short of a ban does not start afresh when the trainer restarts."""
+    job, ledger, state = runtime
+    bad = Identity.from_seed(b"s" * 32)
+    for _ in range(STRIKES_TO_BAN - 1):
+        body = pb.RolloutBatch.FromString(_honest_batch(job, bad, _lease(job, bad)).body)
+        rt.poison_logprobs(body.groups)
+        assert _submit(job, signing.sign(bad, signing.ROLLOUT_BATCH, body)).groups[0].reason == adm.NON_FINITE
+    again = JobRuntime(job.job_id, job.spec, identity=job.identity, model_path=prepare_base_model("tiny", model_cache),
+                       state_dir=state, ledger=ledger)
+    assert again.strikes[bad.peer_id] == STRIKES_TO_BAN - 1 and bad.peer_id not in again.banned
+    body = pb.RolloutBatch.FromString(_honest_batch(again, bad, _lease(again, bad)).body)
+    rt.poison_logprobs(body.groups)
+    _submit(again, signing.sign(bad, signing.ROLLOUT_BATCH, body))
+    assert bad.peer_id in again.banned
+    again.lift_ban(bad.peer_id)
+    assert again.strikes[bad.peer_id] == 0 and not ledger.strikes(job.job_id)
 
 
 def test_bans_expire(runtime) -> None:

@@ -26,6 +26,7 @@ from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.node.swarm.job_swarm import JobSwarm
 from swarmrl.node.swarm.trainer_state import SharedState, pack, priority
 from swarmrl.node.trainer.adapter_store import AdapterStore, StoredUpdate
+from swarmrl.node.trainer.bans import BanBook
 from swarmrl.node.trainer.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from swarmrl.node.trainer.learner import Learner
 from swarmrl.node.trainer.leases import LeaseBook
@@ -38,13 +39,7 @@ from swarmrl.protocol.envs import get_environment
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
-from swarmrl.protocol.verdicts import (
-    BAD_SIGNATURE_ON_OWN_LEASE,
-    BAN_MS,
-    BANNING_CHECKS,
-    STRIKES_TO_BAN,
-    is_attributable,
-)
+from swarmrl.protocol.verdicts import BAD_SIGNATURE_ON_OWN_LEASE, BAN_MS, BANNING_CHECKS, is_attributable
 
 log = logging.getLogger(__name__)
 STALE_AT_STEP = "stale_at_step"
@@ -75,10 +70,7 @@ class JobRuntime:
             reward_range=self.env.reward_range, num_reward_funcs=len(self.env.reward_funcs),
             max_async_level=spec.max_async_level,
         )
-        self.banned: dict[str, str] = {}       # peer -> reason (bans: see `ban` and protocol.verdicts)
-        self.banned_at: dict[str, int] = {}    # peer -> unix ms of the ban
-        self._ban_until: dict[str, int] = {}
-        self.strikes: Counter[str] = Counter()  # peer -> attributable admission failures (groups)
+        self.bans = BanBook(job_id, ledger)
         self._prompt_ids: dict[int, list[int]] = {}
         self._lock = threading.RLock()
         self.version = 0
@@ -110,9 +102,17 @@ class JobRuntime:
             self.head_hash = ad.adapter_hash(state)
             log.info("job %s resumed at version %d (checkpoint %d)", self.job_id, step, ckpt.step)
         self._head_state = state
-        for peer, reason, at_ms, until_ms in self.ledger.bans(self.job_id):
-            self.banned[peer], self.banned_at[peer], self._ban_until[peer] = reason, at_ms, until_ms
         self.leases.restore(self.ledger.leases(self.job_id, open_only=True), self.ledger.admitted_indices(self.job_id))
+
+    @property
+    def banned(self) -> dict[str, str]:
+        """peer -> reason of the job's bans (see `ban` and protocol.verdicts)."""
+        return self.bans.banned
+
+    @property
+    def strikes(self) -> Counter[str]:
+        """peer -> attributable admission failures (groups), durable."""
+        return self.bans.strikes
 
     @property
     def done(self) -> bool:
@@ -225,25 +225,20 @@ class JobRuntime:
             return ""
         return named
 
-    # ---- bans
+    # ---- bans (the record: bans.BanBook; the consequences: here)
     def _strike(self, peer_id: str, reason: str, lease_id: str = "", count: int = 1) -> None:
         """`count` attributable admission failures (provably wrong signed groups, or a forged
         batch on the peer's private lease); STRIKES_TO_BAN of them ban the peer. The peer's lease
         it answered is revoked (its prompts go back to the queue at once)."""
         self._revoke(self.leases.open_of(peer_id) if not lease_id else
                      [lease_id] if lease_id in self.leases.open_of(peer_id) else [])
-        self.strikes[peer_id] += count
-        if self.strikes[peer_id] >= STRIKES_TO_BAN and peer_id not in self.banned:
+        if self.bans.strike(peer_id, count):
             self.ban(peer_id, f"admission: {self.strikes[peer_id]} attributable failures, last {reason}")
 
     def ban(self, peer_id: str, reason: str, duration_ms: int = BAN_MS) -> int:
         """Ban `peer_id` from the job (no leases, batches refused), drop its untrained groups.
         Returns how many groups were dropped. Durable (ledger): a restart keeps the ban."""
-        at = now_ms()
-        with self._lock:
-            self.banned[peer_id], self.banned_at[peer_id] = reason[:200], at
-            self._ban_until[peer_id] = at + duration_ms
-        self.ledger.add_ban(self.job_id, peer_id, reason[:200], at, at + duration_ms)
+        reason = self.bans.add(peer_id, reason, now_ms(), duration_ms)
         self._revoke(self.leases.open_of(peer_id))
         dropped = self.ledger.drop_peer(self.job_id, peer_id, note=f"banned: {reason}"[:200])
         log.warning("job %s: banned %s (%s), dropped %d groups", self.job_id, peer_id, reason, dropped)
@@ -254,19 +249,11 @@ class JobRuntime:
             self.ledger.close_lease(lease_id)
 
     def lift_ban(self, peer_id: str) -> None:
-        """End a ban now (the peer's history stays in the ledger)."""
-        with self._lock:
-            self.banned.pop(peer_id, None)
-            self.banned_at.pop(peer_id, None)
-            self._ban_until.pop(peer_id, None)
-            self.strikes.pop(peer_id, None)
-        self.ledger.remove_ban(self.job_id, peer_id)
+        """End a ban now and clear the peer's strikes (its history stays in the ledger)."""
+        self.bans.lift(peer_id)
 
     def expire_bans(self) -> None:
-        now = now_ms()
-        for peer in [p for p, until in self._ban_until.items() if until <= now]:
-            log.info("job %s: ban of %s expired", self.job_id, peer)
-            self.lift_ban(peer)
+        self.bans.expire(now_ms())
 
     def _refuse(self, batch_id: str, signer: str, reason: str, groups: int) -> pb.BatchReceipt:
         self._count_rejection(signer=signer, reason=reason, count=groups)
@@ -503,7 +490,7 @@ class JobRuntime:
             out.append(pb.PeerInfo(
                 peer_id=p, groups_admitted=admitted.get(p, 0), groups_rejected=sum(rejected.get(p, {}).values()),
                 reputation=(checked - failed + 1) / (checked + 2), banned=p in self.banned,
-                ban_reason=self.banned.get(p, ""), banned_at_ms=self.banned_at.get(p, 0), first_seen_ms=first.get(p, 0),
+                ban_reason=self.banned.get(p, ""), banned_at_ms=self.bans.banned_at.get(p, 0), first_seen_ms=first.get(p, 0),
                 groups_trained=states.get(p, {}).get("trained", 0), groups_dropped=states.get(p, {}).get("dropped", 0),
                 rejected_by_reason=dict(rejected.get(p, {})), verdicts_checked=checked, verdicts_failed=failed,
                 strikes=self.strikes.get(p, 0)))

@@ -46,6 +46,8 @@ CREATE TABLE IF NOT EXISTS verdicts (
 CREATE TABLE IF NOT EXISTS bans (
     job_id TEXT NOT NULL, peer_id TEXT NOT NULL, reason TEXT NOT NULL, at_ms INTEGER NOT NULL,
     until_ms INTEGER NOT NULL, PRIMARY KEY (job_id, peer_id));
+CREATE TABLE IF NOT EXISTS strikes (
+    job_id TEXT NOT NULL, peer_id TEXT NOT NULL, count INTEGER NOT NULL, PRIMARY KEY (job_id, peer_id));
 """
 
 
@@ -243,6 +245,18 @@ class Ledger:
         """(peer_id, reason, at_ms, until_ms) of the job's bans."""
         return [(p, r, int(a), int(u)) for p, r, a, u in self._query(
             "SELECT peer_id, reason, at_ms, until_ms FROM bans WHERE job_id = ?", (job_id,))]
+
+    def set_strikes(self, job_id: str, peer_id: str, count: int) -> None:
+        """Record the peer's attributable admission failures (0 forgets them)."""
+        with self._tx() as db:
+            if count:
+                db.execute("INSERT OR REPLACE INTO strikes VALUES (?, ?, ?)", (job_id, peer_id, count))
+            else:
+                db.execute("DELETE FROM strikes WHERE job_id = ? AND peer_id = ?", (job_id, peer_id))
+
+    def strikes(self, job_id: str) -> dict[str, int]:
+        """peer_id -> attributable admission failures recorded for the job."""
+        return {p: int(n) for p, n in self._query("SELECT peer_id, count FROM strikes WHERE job_id = ?", (job_id,))}
 
     def lease_exposed(self, lease_id: str) -> bool:
         """True once a batch answering the lease was recorded (SampleAdmitted then shows the lease)."""

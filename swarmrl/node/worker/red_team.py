@@ -9,7 +9,7 @@ drills only) runs the same round with one step replaced or one message doctored:
 | mode | what it changes | what should catch it |
 |---|---|---|
 | forged_signature | the batch's signature is garbage (its own lease, its own public key) | admission (bad_signature; attributable: the lease id was only sent to it) |
-| replay | resends an earlier batch verbatim, and its earlier groups re-signed under the new lease | admission (replay: unattributable; not_in_lease: signed, attributable) |
+| replay | resends an earlier admitted batch verbatim (its own or, from the open SampleAdmitted RPC, another peer's), and up to REPLAY_GROUPS earlier groups re-signed under its new lease to claim the credit | admission (replay: unattributable; not_in_lease: signed, attributable, one strike per group) |
 | inflated_reward | every reward claimed at the environment's maximum | validator regrade |
 | fabricated_logprobs | sampling log-probs claimed confident (-0.01 per token) | validator logprob |
 | random_tokens | no model at all: uniform random tokens, log-probs of its uniform sampler (-log V) | validator logprob |
@@ -60,6 +60,8 @@ MODES = (FORGED_SIGNATURE, REPLAY, INFLATED_REWARD, FABRICATED_LOGPROBS, RANDOM_
 FABRICATED_LOGPROB = -0.01   # what a fabricating worker claims per token (a "confident" sample)
 STALE_LAG = 2                # versions behind the lease's that stale_version generates with
 EASY_PROBLEM = (1, "+", 1)   # what prompt_swap answers instead of the lease's prompt (arithmetic jobs)
+REPLAY_GROUPS = 4            # earlier groups a replaying worker re-signs per round (credit it did not earn)
+REPLAY_MEMORY = 64           # earlier batches and groups a replaying worker keeps
 
 
 def check_mode(mode: str) -> str:
@@ -159,17 +161,17 @@ def reassign(groups: Sequence[pb.Group], lease: pb.Lease) -> list[pb.Group]:
     return out
 
 
-def foreign_groups(admitted: Sequence[pb.AdmittedBatch], own_peer_id: str) -> list[pb.Group]:
-    """Admitted groups of other peers in `admitted` (batch bodies read without verification:
-    the copycat does not care who signed them)."""
+def admitted_groups(admitted: Sequence[pb.AdmittedBatch], exclude_peer: str = "") -> list[pb.Group]:
+    """The admitted groups in `admitted`, except those signed by `exclude_peer` (batch bodies read
+    without verification: a copying or replaying worker does not care who signed them)."""
     out = []
     for a in admitted:
         try:
             batch = pb.RolloutBatch.FromString(a.batch.body)
         except Exception as exc:  # noqa: BLE001 - a body we can't parse is nothing to copy
-            log.debug("copycat: unparseable batch %d: %r", a.seq, exc)
+            log.debug("unparseable admitted batch %d: %r", a.seq, exc)
             continue
-        if batch.peer_id == own_peer_id:
+        if exclude_peer and batch.peer_id == exclude_peer:
             continue
         keep = set(a.admitted_prompt_indices)
         out.extend(g for g in batch.groups if g.prompt_index in keep)
@@ -204,9 +206,9 @@ class RedTeam:
         self.rng = random.Random(seed if seed is not None else int.from_bytes(os.urandom(8), "little"))
         self.stats = RedTeamStats(mode)
         self._history: dict[str, dict[int, dict[str, torch.Tensor]]] = {}   # job -> version -> adapter state
-        self._sent: list[pb.Signed] = []          # replay: earlier envelopes
-        self._old_groups: list[pb.Group] = []     # replay: earlier groups
-        self._cursor: dict[str, int] = {}         # copycat: SampleAdmitted cursor per job
+        self._sent: list[pb.Signed] = []          # replay: earlier admitted envelopes (own and others')
+        self._old_groups: list[pb.Group] = []     # replay: earlier groups (own and others')
+        self._cursor: dict[str, int] = {}         # copycat, replay: SampleAdmitted cursor per job
         self._pool: list[pb.Group] = []           # copycat: foreign groups to copy
 
     def report(self) -> dict:
@@ -217,6 +219,12 @@ class RedTeam:
         lease = session.request_lease()
         if lease is None:
             return None
+        if self.mode == REPLAY:
+            self._collect_replayable(session)
+            if self._old_groups:
+                return self._replay(session, lease)
+            # nothing admitted anywhere yet: work honestly this round (SampleAdmitted will
+            # return this batch too, for later rounds to replay)
         session.catch_up(lease.policy_version)
         self._remember_adapter(session)
         prompts = session.env.prompts(session.spec.seed, list(lease.prompt_indices))
@@ -225,15 +233,33 @@ class RedTeam:
         envelope = session.sign(lease, groups)
         if self.mode == FORGED_SIGNATURE:
             envelope = forge_signature(envelope)
-        if self.mode == REPLAY and self._sent:
-            self._submit(session, lease, self._sent[-1], len(groups))   # verbatim replay
-            stale = reassign(self._old_groups[-len(groups):], lease)     # earlier groups, re-signed
-            envelope = session.sign(lease, stale)
-        result = self._submit(session, lease, envelope, len(groups))
-        if self.mode == REPLAY:
-            self._sent.append(envelope)
-            self._old_groups.extend(groups)
-        return result
+        return self._submit(session, lease, envelope, len(groups))
+
+    def _collect_replayable(self, session: JobSession) -> None:
+        """Add the batches admitted since the last round (anyone's, from SampleAdmitted) to what
+        the replaying worker can resend."""
+        batches = self._admitted_since_last_round(session)
+        self._sent = (self._sent + [b.batch for b in batches])[-REPLAY_MEMORY:]
+        self._old_groups = (self._old_groups + admitted_groups(batches))[-REPLAY_MEMORY:]
+
+    def _admitted_since_last_round(self, session: JobSession) -> list[pb.AdmittedBatch]:
+        """Batches the trainer admitted since this worker last asked (its open SampleAdmitted RPC)."""
+        after = self._cursor.get(session.job_id, 0)
+        batches = list(session.stub.SampleAdmitted(
+            pb.SampleRequest(job_id=session.job_id, after_seq=after, max_batches=64), timeout=30))
+        if batches:
+            self._cursor[session.job_id] = max(int(b.seq) for b in batches)
+        return batches
+
+    def _replay(self, session: JobSession, lease: pb.Lease) -> RoundResult:
+        """Resend an earlier batch verbatim (it credits its original signer, so it is refused as a
+        replay without blame), then claim up to REPLAY_GROUPS earlier groups as this lease's work
+        under its own signature (their prompts are not the lease's)."""
+        if self._sent:
+            verbatim = self._sent[-1]
+            self._submit(session, lease, verbatim, len(pb.RolloutBatch.FromString(verbatim.body).groups))
+        stale = reassign(self._old_groups[-REPLAY_GROUPS:], lease)
+        return self._submit(session, lease, session.sign(lease, stale), len(stale))
 
     # ---- generate (honest, or the mode's replacement)
     def generate(self, session: JobSession, prompts: list[PromptSpec], lease: pb.Lease) -> list[pb.Group]:
@@ -313,12 +339,8 @@ class RedTeam:
         return self._generate_with(session, easy, lease, adapter=session.job_id)
 
     def _copied_groups(self, session: JobSession, prompts: list[PromptSpec], lease: pb.Lease) -> list[pb.Group] | None:
-        after = self._cursor.get(session.job_id, 0)
-        batches = list(session.stub.SampleAdmitted(
-            pb.SampleRequest(job_id=session.job_id, after_seq=after, max_batches=64), timeout=30))
-        if batches:
-            self._cursor[session.job_id] = max(int(b.seq) for b in batches)
-        self._pool.extend(foreign_groups(batches, session.identity.peer_id))
+        batches = self._admitted_since_last_round(session)
+        self._pool.extend(admitted_groups(batches, exclude_peer=session.identity.peer_id))
         if len(self._pool) < len(prompts):
             return None   # nothing to copy yet: work honestly (and build a reputation)
         tok = session.backend.tokenizer
