@@ -5,9 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 py=.venv/bin/python
 export SWARMRL_CACHE=${SWARMRL_CACHE:-$PWD/.cache/swarmrl}
-# Default: everything but the slow red-team drill (make test ARGS="-m slow" runs it; its timing
-# can leave an adversary short of strikes when an 8-step job ends early on a loaded machine).
-if [ $# -eq 0 ]; then set -- -m "not slow"; fi
+# Everything by default, the red-team drill included (~2 min); for a quick loop skip it with
+# make test ARGS='-m "not slow"'.
 if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null && command -v ip >/dev/null \
    && unshare -n true 2>/dev/null; then
   exec unshare -n sh -c 'ip link set lo up && exec "$@"' sh "$py" -m pytest -q "$@"
