@@ -7,6 +7,10 @@ Prints:
 - worker seconds per generated rollout (generation; generation + grading),
 - validator seconds per checked rollout, and the ratio validator / worker;
 - honest false positives (failed verdicts; target 0) over the checked rollouts;
+- the log-prob recomputation alone, two ways on the same groups: one prefill of the group's prompt
+  shared by its G completions (what the validator does) against one prefill of prompt +
+  completion per completion (the baseline), as seconds per rollout and their ratio, with the
+  largest log-prob difference between the two;
 - the margins: the logprob rung's tolerance against the honest group-mean and per-token gaps
   (distribution: median, p99, max), and the plausibility threshold against the worst honest
   log e-value.
@@ -107,6 +111,10 @@ def run(args: argparse.Namespace) -> dict:
     group_gaps: list[float] = []
     token_gaps: list[float] = []
     worst_e: list[float] = []
+    t_shared = t_per_completion = 0.0
+    base_group_gaps: list[float] = []   # the same gaps under the per-completion prefill (baseline)
+    base_token_gaps: list[float] = []
+    path_gap = 0.0
     index, seq = 0, 0
     while rollouts < args.rollouts:
         prompts = env.prompts(spec.seed, list(range(index, index + per_lease)))
@@ -142,11 +150,23 @@ def run(args: argparse.Namespace) -> dict:
         failed += sum(len(groups[0].completions) for _ in bad)
         fails += [f"{v.check}: {v.detail}" for v in bad]
         assert len(verdicts) == len(groups), "sample rate 1: every group gets a verdict"
-        for g in groups:   # margins (outside the timing): the honest gaps and e-values
+        for g in groups:   # outside the validator's timing: scoring paths, honest gaps and e-values
+            prompts_g = [list(g.prompt_token_ids)] * len(g.completions)
+            completions_g = [list(c.token_ids) for c in g.completions]
+            timed: dict[bool, tuple[float, list]] = {}
             with backend.activated(JOB) as model:
-                scored = rescore(model, [list(g.prompt_token_ids)] * len(g.completions),
-                                 [list(c.token_ids) for c in g.completions], temperature=s.temperature,
-                                 pad_id=backend.pad_token_id)
+                for shared in (True, False) if len(group_gaps) % 2 == 0 else (False, True):   # alternate the order
+                    t4 = time.perf_counter()
+                    out = rescore(model, prompts_g, completions_g, temperature=s.temperature,
+                                  pad_id=backend.pad_token_id, shared_prompt=shared)
+                    timed[shared] = (time.perf_counter() - t4, out)
+            (dt_shared, scored), (dt_base, baseline) = timed[True], timed[False]
+            t_shared, t_per_completion = t_shared + dt_shared, t_per_completion + dt_base
+            base_gaps = [x for c, r in zip(g.completions, baseline) for x in ck.logprob_gaps(c.logprobs, r.logprobs_T.tolist())]
+            base_group_gaps.append(statistics.fmean(base_gaps))
+            base_token_gaps += base_gaps
+            path_gap = max([path_gap] + [float((a.logprobs_T - b.logprobs_T).abs().max()) if len(a.logprobs_T) else 0.0
+                                         for a, b in zip(scored, baseline, strict=True)])
             gaps = [x for c, r in zip(g.completions, scored) for x in ck.logprob_gaps(c.logprobs, r.logprobs_T.tolist())]
             group_gaps.append(statistics.fmean(gaps))
             token_gaps += gaps
@@ -164,6 +184,12 @@ def run(args: argparse.Namespace) -> dict:
         "worker_gen_s_per_rollout": worker_s, "worker_gen_grade_s_per_rollout": (t_gen + t_grade) / rollouts,
         "validator_s_per_checked_rollout": t_val / rollouts, "ratio_validator_over_worker_gen": t_val / t_gen,
         "ratio_validator_over_worker_gen_grade": t_val / (t_gen + t_grade),
+        "rescore_s_per_rollout": {"shared_prompt": t_shared / rollouts,
+                                  "prefill_per_completion": t_per_completion / rollouts,
+                                  "speedup": t_per_completion / max(t_shared, 1e-12),
+                                  "max_abs_logprob_difference": path_gap,
+                                  "honest_group_mean_gap_prefill_per_completion": _quantiles(base_group_gaps),
+                                  "honest_token_gap_prefill_per_completion": _quantiles(base_token_gaps)},
         "honest_failed_rollouts": failed, "honest_failures": fails[:10],
         "logprob_tolerance": {"group_mean": tol.mean_abs, "per_token": tol.max_abs},
         "honest_group_mean_gap": _quantiles(group_gaps), "honest_token_gap": _quantiles(token_gaps),

@@ -3,8 +3,10 @@
 Legend: B = completions scored together, T = tokens of one completion, N = completion tokens of
 the batch, V = vocabulary, L = lambdas (see plausibility.py).
 
-The log-probs come from `scoring.completion_logprobs_chunked`, the trainer's own function, so an
+The log-probs come from the trainer's own scoring functions (`node/inference/scoring.py`), so an
 honest completion reproduces its sampling log-probs up to floating-point reduction order. The
+completions of one group share their prompt: it is prefilled once and its KV cache reused by the
+G completions (`shared_prompt_logprobs`), instead of G prefills of prompt + completion. The
 plausibility statistics need the whole distribution at each position; rather than running the
 model twice, a forward hook on the LM head sees the N-position logits the scorer computes (in
 the scorer's row-major order) and reduces them to `TokenStats` on the spot.
@@ -20,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from swarmrl.node.inference.scoring import completion_logprobs_chunked
+from swarmrl.node.inference.scoring import completion_logprobs_chunked, shared_prompt_logprobs
 from swarmrl.validator.plausibility import TokenStats, token_stats
 
 MAX_TOKENS_PER_CHUNK = 16_384  # padded prompt+completion tokens per prefill (bounds activation memory)
@@ -42,19 +44,26 @@ def rescore(
     temperature: float,
     pad_id: int,
     max_tokens_per_chunk: int = MAX_TOKENS_PER_CHUNK,
+    shared_prompt: bool = True,
 ) -> list[Rescored]:
     """Recompute the log-probs of `completion_ids_B[b]` after `prompt_ids_B[b]` under `model`
     (a causal LM or a peft model with the wanted adapter active) at `temperature`.
 
-    Returns one `Rescored` per completion. Raises ValueError as `completion_logprobs` does (empty
-    prompt, out-of-vocabulary id, bad temperature).
+    With `shared_prompt` each distinct prompt is prefilled once for all its completions
+    (`shared_prompt_logprobs`); otherwise each prompt + completion is prefilled, in chunks of at
+    most `max_tokens_per_chunk` padded tokens (the baseline the benchmark compares against). Returns one `Rescored` per completion. Raises
+    ValueError as `completion_logprobs` does (empty prompt, out-of-vocabulary id, bad temperature).
     """
     collected: list[TokenStats] = []
     with torch.no_grad(), _head_stats(model, temperature, collected):
-        logprobs_BT, _ = completion_logprobs_chunked(
-            model, prompt_ids_B, completion_ids_B, temperature=temperature, pad_id=pad_id,
-            max_tokens_per_chunk=max_tokens_per_chunk,
-        )
+        if shared_prompt:
+            logprobs_BT, _ = shared_prompt_logprobs(model, prompt_ids_B, completion_ids_B,
+                                                    temperature=temperature, pad_id=pad_id)
+        else:
+            logprobs_BT, _ = completion_logprobs_chunked(
+                model, prompt_ids_B, completion_ids_B, temperature=temperature, pad_id=pad_id,
+                max_tokens_per_chunk=max_tokens_per_chunk,
+            )
     stats = TokenStats.cat(collected)
     lengths = [len(c) for c in completion_ids_B]
     assert len(stats) == sum(lengths), (len(stats), sum(lengths))

@@ -10,7 +10,11 @@ import pytest
 import torch
 import transformers
 
-from swarmrl.node.inference.scoring import completion_logprobs, completion_logprobs_chunked
+from swarmrl.node.inference.scoring import (
+    completion_logprobs,
+    completion_logprobs_chunked,
+    shared_prompt_logprobs,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 
@@ -137,6 +141,63 @@ def test_chunked_equals_one_call(budget: int) -> None:
         )
     assert torch.equal(whole[1], chunked[1])
     assert torch.allclose(whole[0], chunked[0], atol=1e-5)
+
+
+GROUP_PROMPT = [1, 250, 251, 252, 253, 254, 17, 30, 31]   # longer than gemma3()'s sliding window
+GROUP = [[44, 45, 2], [8, 9, 10, 11, 12, 13], [299], [], [44, 45, 2]]
+# Two groups with different prompt lengths, interleaved (rows need not be sorted by prompt).
+MIXED_PROMPTS = [GROUP_PROMPT, [1, 7], GROUP_PROMPT, [1, 7], [1, 7]]
+MIXED = [[44, 45, 2], [8, 9, 10], [299], [5], [12, 13, 14, 15, 16, 17, 18]]
+LORA_MODELS = [llama, gemma3, lambda: with_lora(llama()), lambda: with_lora(gemma3())]
+
+
+@pytest.mark.parametrize("make", LORA_MODELS)
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_shared_prompt_matches_naive_and_per_sequence_prefill(make, temperature: float) -> None:
+    """Each distinct prompt prefilled once + the completions over its gathered KV cache give the
+    same log-probs as full sequences (past a sliding window, with LoRA, with an empty and a
+    duplicated completion, and with two interleaved prompts of different lengths)."""
+    model = make()
+    for prompts, completions in (([GROUP_PROMPT] * len(GROUP), GROUP), (MIXED_PROMPTS, MIXED)):
+        with torch.no_grad():
+            shared_BT, mask_BT = shared_prompt_logprobs(model, prompts, completions, temperature=temperature,
+                                                        pad_id=PAD)
+            full_BT, full_mask = completion_logprobs(model, prompts, completions, temperature=temperature,
+                                                     pad_id=PAD)
+            ref = naive(model, prompts, completions, temperature)
+        assert torch.equal(mask_BT, full_mask) and mask_BT.sum(1).tolist() == [len(c) for c in completions]
+        assert torch.allclose(shared_BT, full_BT, atol=1e-5)
+        for b, r in enumerate(ref):
+            assert torch.allclose(shared_BT[b, : len(r)], r, atol=1e-5)
+        assert (shared_BT[~mask_BT] == 0).all()
+
+
+@pytest.mark.parametrize("make", [lambda: with_lora(llama()), lambda: with_lora(gemma3())])
+def test_shared_prompt_gradients_match_per_sequence_prefill(make) -> None:
+    """The LoRA gradients of a loss over the log-probs are the same either way: they reach the
+    adapter through the shared prompt's keys and values too."""
+    grads = []
+    for fn in (completion_logprobs, shared_prompt_logprobs):
+        model = make()
+        model.train()
+        lp_BT, mask_BT = fn(model, MIXED_PROMPTS, MIXED, temperature=1.0, pad_id=PAD)
+        weights_BT = torch.linspace(-1.0, 1.0, lp_BT.numel()).reshape(lp_BT.shape)
+        (lp_BT * weights_BT * mask_BT).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and any("lora_A" in n for n in grads[0])
+    for n, g in grads[0].items():
+        assert torch.allclose(g, grads[1][n], rtol=1e-4, atol=1e-6), n
+    assert any(float(g.abs().max()) > 0 for n, g in grads[0].items() if "lora_B" in n)
+
+
+def test_shared_prompt_with_nothing_to_score_and_bad_inputs() -> None:
+    model = llama()
+    with torch.no_grad():
+        lp_BT, mask_BT = shared_prompt_logprobs(model, [[1, 2]] * 2, [[], []], temperature=1.0, pad_id=PAD)
+    assert lp_BT.shape == mask_BT.shape == (2, 0)
+    for prompts, completions in (([[]], [[1]]), ([[1]], [[VOCAB]]), ([[1], [1]], [[2]])):
+        with pytest.raises(ValueError):
+            shared_prompt_logprobs(model, prompts, completions, temperature=1.0, pad_id=PAD)
 
 
 def test_bad_inputs_raise() -> None:

@@ -118,6 +118,29 @@ def test_random_and_greedy_tokens_are_implausible() -> None:
     assert not g.passed and "predictable" in g.detail
 
 
+def test_token_stats_match_a_float64_reference_with_and_without_zero_probabilities() -> None:
+    """psi(power) = log sum_x p(x)^power, also for peaked distributions whose high powers
+    underflow float32 (the fast path raises those terms to exp(-80)) and with p == 0 tokens (masked
+    logits take the exact path; power 0 then counts only the tokens with p > 0)."""
+    from swarmrl.validator.plausibility import LAMBDAS_HIGH, LAMBDAS_LOW
+
+    gen = torch.Generator().manual_seed(4)
+    peaked = torch.randn(6, 5000, generator=gen) * 12
+    masked = peaked.clone()
+    masked[:, :100] = -math.inf
+    for logits, support in ((peaked, 5000), (masked, 4900)):
+        stats = token_stats(logits, 0.8)
+        logp = torch.log_softmax(logits.double() / 0.8, dim=-1)
+        for lams, sign, got in ((LAMBDAS_HIGH, -1.0, stats.psi_high_NL), (LAMBDAS_LOW, 1.0, stats.psi_low_NL)):
+            for j, lam in enumerate(lams):
+                power = 1.0 + sign * lam
+                want = torch.logsumexp(torch.where(torch.isfinite(logp), power * logp, -math.inf), dim=-1)
+                assert torch.allclose(got[:, j].double(), want, atol=1e-4, rtol=1e-5), (support, power)
+                if power == 0.0:
+                    assert torch.allclose(got[:, j].double(), torch.full((6,), math.log(support), dtype=torch.double))
+        assert torch.equal(stats.argmax_N, logits.argmax(-1))
+
+
 # ---- freshness, duplicates --------------------------------------------------------------------
 
 def test_freshness_window() -> None:

@@ -76,6 +76,62 @@ def completion_logprobs(
     return logprobs_BT.masked_scatter(mask_BT, logprobs_N), mask_BT
 
 
+def shared_prompt_logprobs(
+    model: nn.Module,
+    prompt_ids_B: list[list[int]],
+    completion_ids_B: list[list[int]],
+    *,
+    temperature: float,
+    pad_id: int,
+    head_chunk_tokens: int = DEFAULT_HEAD_CHUNK_TOKENS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`completion_logprobs` with each distinct prompt prefilled once: the U distinct prompts run
+    left-padded with a KV cache, the cache rows are gathered per completion, and the B
+    right-padded completions run together over it, as a sampler decodes a group. For GRPO's
+    groups (G completions per prompt) that is U*P + B*T decoder positions instead of B*(P + T)
+    (P = longest prompt, T = longest completion).
+
+    Same result and shapes as `completion_logprobs` up to floating-point reduction order, and
+    differentiable the same way (gradients reach the LoRA weights through the prompt's keys and
+    values too). The technique is autoregressive decoding's KV cache, reused across the samples
+    of one prompt (as vLLM's automatic prefix caching reuses it across requests).
+    Returns `(logprobs_BT, mask_BT)`. Raises ValueError as `completion_logprobs` does.
+    """
+    _check_inputs(model, prompt_ids_B, completion_ids_B, pad_id)
+    _effective_temperature(temperature)
+    device = _model_device(model)
+    lengths_B = torch.tensor([len(c) for c in completion_ids_B], dtype=torch.long)
+    t_max = int(lengths_B.max()) if len(completion_ids_B) else 0
+    mask_BT = (torch.arange(t_max).unsqueeze(0) < lengths_B.unsqueeze(1)).to(device)
+    if t_max == 0:
+        return torch.zeros(mask_BT.shape, dtype=torch.float32, device=device), mask_BT
+    distinct: dict[tuple[int, ...], int] = {}
+    row_prompt_B = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids_B],
+                                dtype=torch.long, device=device)
+    prompts_U = [list(p) for p in distinct]
+    causal_lm = _causal_lm(model)
+    decoder = causal_lm.get_decoder()
+    ids_UP, attention_UP, position_UP = _left_pad(prompts_U, [[] for _ in prompts_U], pad_id, device)
+    prefill = decoder(input_ids=ids_UP, attention_mask=attention_UP, position_ids=position_UP, use_cache=True)
+    cache = prefill.cache
+    cache.batch_select_indices(row_prompt_B)          # one cache row per completion (differentiable gather)
+    ids_BT = torch.full((len(completion_ids_B), t_max), pad_id, dtype=torch.long)
+    for b, c in enumerate(completion_ids_B):
+        ids_BT[b, : len(c)] = torch.tensor(c, dtype=torch.long)
+    ids_BT = ids_BT.to(device)
+    prompt_len_B = attention_UP.sum(-1)[row_prompt_B]
+    attention_BL = torch.cat([attention_UP[row_prompt_B], mask_BT.long()], dim=1)
+    position_BT = prompt_len_B.unsqueeze(1) + torch.arange(t_max, device=device).unsqueeze(0)
+    hidden_BTH = decoder(input_ids=ids_BT, attention_mask=attention_BL, position_ids=position_BT,
+                         cache=cache, use_cache=True).last_hidden_state
+    last_prompt_BH = prefill.last_hidden_state[:, -1][row_prompt_B]   # left-padded: the last column is real
+    predictors_BTH = torch.cat([last_prompt_BH.unsqueeze(1), hidden_BTH[:, :-1]], dim=1)
+    logprobs_N = _head_logprobs(causal_lm, predictors_BTH[mask_BT], ids_BT[mask_BT], temperature,
+                                head_chunk_tokens)   # row-major, as completion_logprobs
+    logprobs_BT = torch.zeros(mask_BT.shape, dtype=torch.float32, device=device)
+    return logprobs_BT.masked_scatter(mask_BT, logprobs_N), mask_BT
+
+
 def completion_logprobs_chunked(
     model: nn.Module,
     prompt_ids_B: list[list[int]],

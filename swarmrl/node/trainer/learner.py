@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from peft import PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
 
-from swarmrl.node.inference.scoring import completion_logprobs
+from swarmrl.node.inference.scoring import completion_logprobs, shared_prompt_logprobs
 from swarmrl.node.models import load_causal_lm, lora_config
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol.grpo import group_advantages, logprob_drift, policy_loss, staleness_histogram
@@ -85,8 +85,12 @@ class Learner:
     same adapter (version 0).
     """
 
-    def __init__(self, model_path: Path, spec: JobSpec) -> None:
+    def __init__(self, model_path: Path, spec: JobSpec, *, share_prompts: bool = True) -> None:
+        """share_prompts: score a group's completions over one prefill of its prompt
+        (`scoring.shared_prompt_logprobs`, the same log-probs and gradients for ~G x fewer prompt
+        positions); False prefills every prompt + completion (the baseline, for benchmarks)."""
         self.spec = spec
+        self._logprobs = shared_prompt_logprobs if share_prompts else completion_logprobs
         base, self.tokenizer = load_causal_lm(model_path)
         torch.manual_seed(spec.seed)
         cfg = lora_config(spec.lora.rank, spec.lora.alpha, spec.lora.dropout, spec.lora.target_modules)
@@ -124,7 +128,7 @@ class Learner:
         if not batch.completion_ids:
             return 0.0, {"tokens": 0.0}
         self.model.train()
-        logprobs_BT, mask_BT = completion_logprobs(
+        logprobs_BT, mask_BT = self._logprobs(
             self.model, batch.prompt_ids, batch.completion_ids,
             temperature=self.spec.sampling.temperature, pad_id=self.pad_id,
         )
@@ -132,7 +136,7 @@ class Learner:
         ref_BT = None
         if self.spec.loss.kl_beta > 0:
             with torch.no_grad(), self.model.disable_adapter():
-                ref_BT, _ = completion_logprobs(
+                ref_BT, _ = self._logprobs(
                     self.model, batch.prompt_ids, batch.completion_ids,
                     temperature=self.spec.sampling.temperature, pad_id=self.pad_id,
                 )
