@@ -141,7 +141,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     console = Console()
     console.print(f"job {st.job_id}: {st.state}, step {st.step}/{st.total_steps}, version {st.policy_version}, "
                   f"admitted {st.groups_admitted}, dropped {st.groups_dropped}, rejected {dict(st.groups_rejected)}, "
-                  f"validator checked {st.validator_checked} failed {st.validator_failed}")
+                  f"validator checked {st.validator_checked} failed {st.validator_failed}, "
+                  f"on probation {st.groups_on_probation}")
     steps = Table("step", "reward", "loss", "staleness", "admitted", "rejected", "seconds", title="recent steps")
     for h in st.history:
         steps.add_row(str(h.step), f"{h.reward_mean:.3f}", f"{h.loss:.4f}", f"{h.staleness_mean:.2f}",

@@ -44,6 +44,9 @@ class TrainerConfig(_Config):
     max_message_mb: int = Field(64, ge=1)
     max_batch_mb: int = Field(16, ge=1)
     trusted_validators: list[str] = []   # peer ids whose verdicts the trainer acts on
+    # With trusted validators: a peer's groups wait up to this long for its first passing verdict
+    # before they may be trained (probation for new peers; 0 = off). See JobRuntime.trainable_cutoff.
+    probation_s: float = Field(60.0, ge=0)
     allowed_submitters: list[str] | None = None   # None = anyone may submit jobs
     ready_file: Path | None = None
     # several trainers per job (swarm.job_swarm)

@@ -239,7 +239,8 @@ def _progress_info(st: pb.JobStatus) -> str:
     reward = f"{last.reward_mean:.3f}" if last and not math.isnan(last.reward_mean) else "-"
     stale = f"{last.staleness_mean:.2f}" if last else "-"
     return (f"v{st.policy_version}  reward {reward}  admitted {st.groups_admitted}  rejected {rejected}"
-            f"  staleness {stale}  checked {st.validator_checked}")
+            f"  staleness {stale}  checked {st.validator_checked}"
+            + (f"  on probation {st.groups_on_probation}" if st.groups_on_probation else ""))
 
 
 def _settle_validator(endpoint: str, job_id: str, spec: JobSpec, timeout_s: float = 30) -> pb.JobStatus:

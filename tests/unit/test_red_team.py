@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 
 import pytest
 import torch
@@ -348,6 +349,40 @@ def test_strikes_survive_a_trainer_restart(runtime, model_cache) -> None:
     assert bad.peer_id in again.banned
     again.lift_ban(bad.peer_id)
     assert again.strikes[bad.peer_id] == 0 and not ledger.strikes(job.job_id)
+
+
+def test_probation_holds_new_peers_groups_until_a_passing_verdict(tmp_path, model_cache) -> None:
+    """With probation, a step uses a peer's groups only after a trusted validator passed one of
+    them (or the hold ran out); a cheater caught meanwhile loses its held groups untrained."""
+    spec = builtin_job("tiny", model_cache, steps=4, batch_groups=2, prompts_per_lease=1)
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    job = JobRuntime("job-probation", spec, identity=Identity.from_seed(b"t" * 32), ledger=ledger,
+                     model_path=prepare_base_model("tiny", model_cache), state_dir=tmp_path, probation_ms=3_600_000)
+    honest, cheat = Identity.from_seed(b"h" * 32), Identity.from_seed(b"k" * 32)
+    for who in (honest, honest, cheat):
+        assert _submit(job, _honest_batch(job, who, _lease(job, who))).groups[0].admitted
+    assert not job.ready() and job.take_batch() == [] and job.groups_on_probation() == 3
+
+    def verdict(who: Identity, passed: bool, check: str) -> pb.Verdict:
+        return pb.Verdict(job_id=job.job_id, peer_id=who.peer_id, batch_id="b", prompt_index=0, passed=passed,
+                          check=check)
+
+    job.apply_verdicts("validator", pb.VerdictReport(job_id=job.job_id, verdicts=[verdict(honest, True, "all")]))
+    assert job.ready()
+    batch = job.take_batch()
+    assert {p.peer_id for p in batch} == {honest.peer_id}
+    job.ledger.mark([p.row_id for p in batch], "trained", step=1)
+    assert job.status(0).groups_on_probation == 1
+    job.apply_verdicts("validator", pb.VerdictReport(job_id=job.job_id, verdicts=[verdict(cheat, False, LOGPROB)]))
+    assert cheat.peer_id in job.banned and job.groups_on_probation() == 0
+    assert job.ledger.peer_state_counts(job.job_id)[cheat.peer_id].get("trained", 0) == 0
+    # a hold that ran out: the groups of a peer nobody checked become trainable.
+    job.probation_ms = 1
+    late = Identity.from_seed(b"l" * 32)
+    assert _submit(job, _honest_batch(job, late, _lease(job, late))).groups[0].admitted
+    time.sleep(0.01)
+    assert late.peer_id in {p.peer_id for p in job.take_batch()}
+    ledger.close()
 
 
 def test_bans_expire(runtime) -> None:

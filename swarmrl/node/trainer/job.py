@@ -56,9 +56,12 @@ class JobRuntime:
 
     def __init__(
         self, job_id: str, spec: JobSpec, *, identity: Identity, model_path: Path, state_dir: Path, ledger: Ledger,
-        prompt_shard: tuple[int, int] = (0, 1),
+        prompt_shard: tuple[int, int] = (0, 1), probation_ms: int = 0,
     ) -> None:
+        """probation_ms: how long the admitted groups of a peer without a passing verdict from a
+        trusted validator wait before a step may use them (0: no probation; see `trainable_cutoff`)."""
         self.job_id, self.spec, self.identity, self.ledger = job_id, spec, identity, ledger
+        self.probation_ms = probation_ms
         self.dir = state_dir / "jobs" / job_id
         self.env = get_environment(spec.environment, spec.env_version)
         self.learner = Learner(model_path, spec)
@@ -265,21 +268,38 @@ class JobRuntime:
 
     # ---- training
     def ready(self) -> bool:
-        """A full batch of groups inside the staleness window is pending (older ones are dropped)."""
+        """A full batch of trainable groups inside the staleness window is pending (older ones
+        are dropped)."""
         if self.done:
             return False
         self.ledger.drop_stale(self.job_id, self.version - self.spec.max_async_level, note=STALE_AT_STEP)
-        return self.ledger.count_pending(self.job_id) >= self.spec.batch_groups
+        return self.ledger.count_pending(self.job_id, held_after_ms=self.trainable_cutoff()) >= self.spec.batch_groups
+
+    def trainable_cutoff(self) -> int | None:
+        """Probation: a group of a peer that no trusted validator has passed yet may be trained
+        only once its batch is `probation_ms` old (unix ms cutoff; None: no probation). A new
+        peer's first groups then wait for the validator, which checks new peers at rate 1, so a
+        cheater is usually banned (and its groups dropped) before any of them is trained; the
+        cutoff keeps a slow or absent validator from stalling the job."""
+        return now_ms() - self.probation_ms if self.probation_ms > 0 else None
 
     def backlog(self) -> int:
         """Admitted groups not trained yet. Outstanding leases don't count: a peer that takes
         leases and never answers must not be able to starve the job of workers."""
         return self.ledger.count_pending(self.job_id)
 
+    def groups_on_probation(self) -> int:
+        """Pending groups a step may not use yet (their peer has no passing verdict; see
+        `trainable_cutoff`)."""
+        cutoff = self.trainable_cutoff()
+        if cutoff is None:
+            return 0
+        return self.ledger.count_pending(self.job_id) - self.ledger.count_pending(self.job_id, held_after_ms=cutoff)
+
     def take_batch(self) -> list[PendingGroup]:
-        """The next `batch_groups` pending groups still inside the staleness window."""
+        """The next `batch_groups` trainable pending groups still inside the staleness window."""
         while True:
-            pending = self.ledger.pending(self.job_id, self.spec.batch_groups)
+            pending = self.ledger.pending(self.job_id, self.spec.batch_groups, held_after_ms=self.trainable_cutoff())
             stale = [p for p in pending if self.version - min(c.policy_version for c in p.group.completions)
                      > self.spec.max_async_level]
             if not stale:
@@ -461,6 +481,7 @@ class JobRuntime:
             groups_admitted=sum(counts.values()), groups_dropped=counts.get("dropped", 0),
             validator_checked=checked, validator_failed=failed, trainer_id=self.identity.peer_id,
             groups_dropped_banned=self.ledger.dropped_banned(self.job_id),
+            groups_on_probation=self.groups_on_probation(),
             spec_json=self.spec.canonical_json(),
             adapter_bytes=sum(t.numel() * 4 for t in self._head_state.values()),
         )

@@ -46,6 +46,7 @@ CREATE TABLE IF NOT EXISTS verdicts (
 CREATE TABLE IF NOT EXISTS bans (
     job_id TEXT NOT NULL, peer_id TEXT NOT NULL, reason TEXT NOT NULL, at_ms INTEGER NOT NULL,
     until_ms INTEGER NOT NULL, PRIMARY KEY (job_id, peer_id));
+CREATE INDEX IF NOT EXISTS verdicts_peer ON verdicts (job_id, peer_id, passed);
 CREATE TABLE IF NOT EXISTS strikes (
     job_id TEXT NOT NULL, peer_id TEXT NOT NULL, count INTEGER NOT NULL, PRIMARY KEY (job_id, peer_id));
 """
@@ -136,12 +137,27 @@ class Ledger:
     def admitted_indices(self, job_id: str) -> set[int]:
         return {i for (i,) in self._query("SELECT prompt_index FROM groups WHERE job_id = ?", (job_id,))}
 
-    def pending(self, job_id: str, limit: int) -> list[PendingGroup]:
+    # Pending groups a step may use when new peers are on probation: the peer has a passing verdict
+    # in the job, or the group's batch arrived at or before the cutoff (its hold is over).
+    _TRAINABLE = (
+        "(b.received_ms <= ? OR EXISTS (SELECT 1 FROM verdicts v"
+        " WHERE v.job_id = g.job_id AND v.peer_id = g.peer_id AND v.passed = 1))"
+    )
+
+    def pending(self, job_id: str, limit: int, *, held_after_ms: int | None = None) -> list[PendingGroup]:
+        """The oldest `limit` pending groups. With `held_after_ms`, only the trainable ones: groups
+        of peers without a passing verdict whose batch arrived after it are held back."""
+        where, args = self._pending_filter(job_id, held_after_ms)
         rows = self._query(
-            "SELECT id, peer_id, grp FROM groups WHERE job_id = ? AND state = 'pending' ORDER BY id LIMIT ?",
-            (job_id, limit),
+            f"SELECT g.id, g.peer_id, g.grp FROM groups g JOIN batches b ON b.seq = g.batch_seq WHERE {where}"
+            " ORDER BY g.id LIMIT ?", (*args, limit),
         )
         return [PendingGroup(r, p, pb.Group.FromString(g)) for r, p, g in rows]
+
+    def _pending_filter(self, job_id: str, held_after_ms: int | None) -> tuple[str, tuple]:
+        if held_after_ms is None:
+            return "g.job_id = ? AND g.state = 'pending'", (job_id,)
+        return f"g.job_id = ? AND g.state = 'pending' AND {self._TRAINABLE}", (job_id, held_after_ms)
 
     def drop_stale(self, job_id: str, min_version: int, note: str) -> int:
         """Drop pending groups generated before `min_version` (out of the staleness window)."""
@@ -153,8 +169,11 @@ class Ledger:
             )
             return cur.rowcount
 
-    def count_pending(self, job_id: str) -> int:
-        return int(self._query("SELECT COUNT(*) FROM groups WHERE job_id = ? AND state = 'pending'", (job_id,))[0][0])
+    def count_pending(self, job_id: str, *, held_after_ms: int | None = None) -> int:
+        """Pending groups of the job (with `held_after_ms`: the trainable ones, as `pending`)."""
+        where, args = self._pending_filter(job_id, held_after_ms)
+        return int(self._query(
+            f"SELECT COUNT(*) FROM groups g JOIN batches b ON b.seq = g.batch_seq WHERE {where}", args)[0][0])
 
     def mark(self, row_ids: Iterable[int], state: str, *, step: int | None = None, note: str = "") -> None:
         with self._tx() as db:

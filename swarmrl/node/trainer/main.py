@@ -46,7 +46,8 @@ class Trainer:
         if base_model_sha256(path) != spec.base_model_sha256:
             raise ValueError(f"base model {spec.base_model} here does not match the job's sha256")
         runtime = JobRuntime(job_id, spec, identity=self.identity, model_path=path, state_dir=self.cfg.state_dir,
-                             ledger=self.ledger, prompt_shard=self.cfg.prompt_shard)
+                             ledger=self.ledger, prompt_shard=self.cfg.prompt_shard,
+                             probation_ms=int(self.cfg.probation_s * 1000) if self.cfg.trusted_validators else 0)
         if self.dht is not None:
             runtime.attach_swarm(JobSwarm(
                 self.dht, self.identity.peer_id, job_id,

@@ -992,6 +992,7 @@ class JobStatus(_message.Message):
     AVERAGING_EXCLUDED_FIELD_NUMBER: _builtins.int
     STATE_SYNCS_FIELD_NUMBER: _builtins.int
     GROUPS_DROPPED_BANNED_FIELD_NUMBER: _builtins.int
+    GROUPS_ON_PROBATION_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     state: _builtins.str
     """"running" | "done" | "unknown" """
@@ -1019,6 +1020,8 @@ class JobStatus(_message.Message):
     """times this trainer adopted the job's state from a cotrainer"""
     groups_dropped_banned: _builtins.int
     """admitted groups dropped because their peer was banned"""
+    groups_on_probation: _builtins.int
+    """pending groups held until their peer's first passing verdict"""
     @_builtins.property
     def groups_rejected(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """by reason"""
@@ -1066,10 +1069,11 @@ class JobStatus(_message.Message):
         averaging_excluded: _builtins.int = ...,
         state_syncs: _builtins.int = ...,
         groups_dropped_banned: _builtins.int = ...,
+        groups_on_probation: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter_bytes", b"adapter_bytes", "adapter_hash", b"adapter_hash", "averaging_excluded", b"averaging_excluded", "averaging_rounds", b"averaging_rounds", "averaging_solo", b"averaging_solo", "cotrainers", b"cotrainers", "delta_bytes", b"delta_bytes", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_dropped_banned", b"groups_dropped_banned", "groups_rejected", b"groups_rejected", "history", b"history", "job_id", b"job_id", "peers", b"peers", "policy_version", b"policy_version", "spec_json", b"spec_json", "state", b"state", "state_syncs", b"state_syncs", "step", b"step", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "upload_bytes", b"upload_bytes", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter_bytes", b"adapter_bytes", "adapter_hash", b"adapter_hash", "averaging_excluded", b"averaging_excluded", "averaging_rounds", b"averaging_rounds", "averaging_solo", b"averaging_solo", "cotrainers", b"cotrainers", "delta_bytes", b"delta_bytes", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_dropped_banned", b"groups_dropped_banned", "groups_on_probation", b"groups_on_probation", "groups_rejected", b"groups_rejected", "history", b"history", "job_id", b"job_id", "peers", b"peers", "policy_version", b"policy_version", "spec_json", b"spec_json", "state", b"state", "state_syncs", b"state_syncs", "step", b"step", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "upload_bytes", b"upload_bytes", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
