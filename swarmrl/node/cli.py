@@ -82,7 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--cache-dir", type=Path)
     up.add_argument("--timeout", type=float, default=3600.0, help="seconds before giving up")
     up.add_argument("--threads", default="", help="per role, e.g. trainer=2,worker=1")
-    up.add_argument("--red-team", default="", help="adversarial worker modes, comma-separated")
+    up.add_argument("--red-team", default="", help="adversarial workers, one per mode, comma-separated, or 'all': "
+                    "forged_signature, replay, inflated_reward, fabricated_logprobs, random_tokens, "
+                    "base_model_only, stale_version, prompt_swap, copycat, nan_logprobs")
     up.add_argument("-j", "--job", dest="job_overrides", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a built-in job field (JSON values), repeatable")
     e = sub.add_parser("eval", help="held-out greedy accuracy: base model vs adapter")
@@ -168,6 +170,13 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     from swarmrl.node.local import UpOptions, run_up
+    from swarmrl.node.worker.red_team import MODES, check_mode
+
+    try:
+        red_team = list(MODES) if args.red_team == "all" else [check_mode(m) for m in args.red_team.split(",") if m]
+    except ValueError as exc:
+        print(f"swarmrl up: {exc}", file=sys.stderr)
+        return 2
 
     threads = {k: int(v) for k, v in (p.split("=") for p in args.threads.split(",") if p)}
     job: dict = {}
@@ -181,7 +190,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                      trainers=args.trainers, loss=args.loss,
                      max_async_level=args.max_async_level, seed=args.seed, cache_dir=args.cache_dir,
                      threads=threads, timeout_s=args.timeout,
-                     red_team=[m for m in args.red_team.split(",") if m],
+                     red_team=red_team,
                      job_overrides=job)
     run_up(opts)
     return 0

@@ -33,6 +33,21 @@ def test_bad_override_is_a_clear_error(capsys):
     assert "threads" in capsys.readouterr().err
 
 
+def test_unknown_red_team_mode_is_refused_before_anything_starts(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["up", "--model", "tiny", "--red-team", "replay,bogus", "--out", str(out)]) == 2
+    assert "unknown red-team mode 'bogus'" in capsys.readouterr().err and not out.exists()
+
+
+def test_up_help_lists_every_red_team_mode(capsys):
+    from swarmrl.node.worker.red_team import MODES
+
+    with pytest.raises(SystemExit):
+        main(["up", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(m in text for m in MODES) and "'all'" in text
+
+
 def test_job_overrides_merge_field_by_field(model_cache):
     spec = builtin_job("tiny", model_cache, sampling={"max_new_tokens": 4}, loss={"variant": "gspo"})
     assert spec.sampling.max_new_tokens == 4 and spec.sampling.stop == ("\n",)
