@@ -35,9 +35,6 @@ class BanBook:
         for peer, reason, at_ms, until_ms in ledger.bans(job_id):
             self.banned[peer], self.banned_at[peer], self._until[peer] = reason, at_ms, until_ms
 
-    def is_banned(self, peer_id: str) -> bool:
-        return peer_id in self.banned
-
     def strike(self, peer_id: str, count: int) -> bool:
         """Record `count` attributable failures of `peer_id`. Returns True when the peer now has
         STRIKES_TO_BAN or more and is not banned yet (the caller bans it)."""
