@@ -108,8 +108,3 @@ def apply_delta(old: Mapping[str, torch.Tensor], delta: Mapping[str, torch.Tenso
         if not torch.isfinite(d).all():
             raise AdapterError(f"delta tensor {k} holds non-finite values")
     return {k: (old[k].float() + delta[k]).contiguous() for k in old}
-
-
-def state_is_finite(state: Mapping[str, torch.Tensor]) -> bool:
-    """True when every tensor is finite."""
-    return all(bool(torch.isfinite(t).all()) for t in state.values())

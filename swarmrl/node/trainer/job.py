@@ -499,9 +499,9 @@ class JobRuntime:
     def _peers(self) -> list[pb.PeerInfo]:
         """Per-peer figures; reputation = (passed + 1) / (verdicts + 2) over the verdicts received
         (the validator's Laplace score, without its soft flags)."""
-        admitted = self.ledger.peer_group_counts(self.job_id)
         rejected = self.ledger.peer_rejections(self.job_id)
         states = self.ledger.peer_state_counts(self.job_id)
+        admitted = {p: sum(by_state.values()) for p, by_state in states.items()}
         verdicts = self.ledger.peer_verdict_counts(self.job_id)
         first = self.ledger.peer_first_seen(self.job_id)
         ids = sorted((set(admitted) | set(rejected) | set(self.banned)) - {"unknown"})

@@ -108,7 +108,3 @@ class LeaseBook:
         """Ids of the peer's open leases."""
         with self._lock:
             return [lid for lid, lease in self._open.items() if lease.peer_id == peer_id]
-
-    def open_count(self) -> int:
-        with self._lock:
-            return len(self._open)

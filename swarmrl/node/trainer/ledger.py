@@ -194,10 +194,6 @@ class Ledger:
         rows = self._query("SELECT state, COUNT(*) FROM groups WHERE job_id = ? GROUP BY state", (job_id,))
         return Counter({s: n for s, n in rows})
 
-    def peer_group_counts(self, job_id: str) -> dict[str, int]:
-        rows = self._query("SELECT peer_id, COUNT(*) FROM groups WHERE job_id = ? GROUP BY peer_id", (job_id,))
-        return {p: n for p, n in rows}
-
     def batches_after(self, job_id: str, after_seq: int, limit: int) -> list[tuple[int, str, pb.Signed]]:
         rows = self._query(
             "SELECT seq, lease_id, envelope FROM batches WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
@@ -223,10 +219,6 @@ class Ledger:
     def rejection_counts(self, job_id: str) -> Counter[str]:
         rows = self._query("SELECT reason, COUNT(*) FROM rejections WHERE job_id = ? GROUP BY reason", (job_id,))
         return Counter({r: n for r, n in rows})
-
-    def peer_rejection_counts(self, job_id: str) -> dict[str, int]:
-        rows = self._query("SELECT peer_id, COUNT(*) FROM rejections WHERE job_id = ? GROUP BY peer_id", (job_id,))
-        return {p: n for p, n in rows}
 
     def record_step(self, job_id: str, step: int, metrics: dict) -> None:
         with self._tx() as db:
@@ -281,13 +273,17 @@ class Ledger:
         """True once a batch answering the lease was recorded (SampleAdmitted then shows the lease)."""
         return bool(self._query("SELECT 1 FROM batches WHERE lease_id = ? LIMIT 1", (lease_id,)))
 
-    def peer_state_counts(self, job_id: str) -> dict[str, Counter[str]]:
-        """peer -> group state ("pending", "trained", "dropped") -> count."""
+    def _per_peer(self, sql: str, job_id: str) -> dict[str, Counter[str]]:
+        """peer -> key -> count from `sql` returning (peer_id, key, count) rows for `job_id`."""
         out: dict[str, Counter[str]] = {}
-        for p, state, n in self._query(
-                "SELECT peer_id, state, COUNT(*) FROM groups WHERE job_id = ? GROUP BY peer_id, state", (job_id,)):
-            out.setdefault(p, Counter())[state] = n
+        for p, key, n in self._query(sql, (job_id,)):
+            out.setdefault(p, Counter())[key] = n
         return out
+
+    def peer_state_counts(self, job_id: str) -> dict[str, Counter[str]]:
+        """peer -> group state ("pending", "trained", "dropped") -> count (their sum: admitted)."""
+        return self._per_peer(
+            "SELECT peer_id, state, COUNT(*) FROM groups WHERE job_id = ? GROUP BY peer_id, state", job_id)
 
     def dropped_banned(self, job_id: str) -> int:
         """Admitted groups dropped because their peer was banned."""
@@ -296,11 +292,8 @@ class Ledger:
 
     def peer_rejections(self, job_id: str) -> dict[str, Counter[str]]:
         """peer -> rejection reason -> count."""
-        out: dict[str, Counter[str]] = {}
-        for p, reason, n in self._query(
-                "SELECT peer_id, reason, COUNT(*) FROM rejections WHERE job_id = ? GROUP BY peer_id, reason", (job_id,)):
-            out.setdefault(p, Counter())[reason] = n
-        return out
+        return self._per_peer(
+            "SELECT peer_id, reason, COUNT(*) FROM rejections WHERE job_id = ? GROUP BY peer_id, reason", job_id)
 
     def peer_first_seen(self, job_id: str) -> dict[str, int]:
         """peer -> unix ms of its first batch here (admitted or rejected)."""
