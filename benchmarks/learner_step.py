@@ -69,9 +69,7 @@ def run(args: argparse.Namespace) -> dict:
             seconds[shared].append(time.perf_counter() - t0)
     grads = {s: torch.cat([g.flatten() for g in learners[s].grads()]) for s in (True, False)}
     with torch.no_grad():
-        lps = {s: learners[s]._logprobs(learners[s].model, batch.prompt_ids, batch.completion_ids,
-                                        temperature=spec.sampling.temperature, pad_id=learners[s].pad_id)[0]
-               for s in (True, False)}
+        lps = {s: learners[s].completion_logprobs(batch)[0] for s in (True, False)}
     shared_s, baseline_s = statistics.median(seconds[True]), statistics.median(seconds[False])
     prompt_tokens = [len(g.prompt_token_ids) for g in groups]
     return {

@@ -87,6 +87,13 @@ def _quantiles(xs: list[float]) -> dict[str, float]:
     return {"median": statistics.median(s), "p99": s[min(len(s) - 1, int(0.99 * len(s)))], "max": s[-1]}
 
 
+def _add_gaps(g: pb.Group, scored: list, group_gaps: list[float], token_gaps: list[float]) -> None:
+    """Append the group's |claimed - recomputed| log-prob gaps: their mean, and each token's."""
+    gaps = [x for c, r in zip(g.completions, scored) for x in ck.logprob_gaps(c.logprobs, r.logprobs_T.tolist())]
+    group_gaps.append(statistics.fmean(gaps))
+    token_gaps += gaps
+
+
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     name = resolve_model_name(args.model)
@@ -162,14 +169,10 @@ def run(args: argparse.Namespace) -> dict:
                     timed[shared] = (time.perf_counter() - t4, out)
             (dt_shared, scored), (dt_base, baseline) = timed[True], timed[False]
             t_shared, t_per_completion = t_shared + dt_shared, t_per_completion + dt_base
-            base_gaps = [x for c, r in zip(g.completions, baseline) for x in ck.logprob_gaps(c.logprobs, r.logprobs_T.tolist())]
-            base_group_gaps.append(statistics.fmean(base_gaps))
-            base_token_gaps += base_gaps
+            _add_gaps(g, baseline, base_group_gaps, base_token_gaps)
             path_gap = max([path_gap] + [float((a.logprobs_T - b.logprobs_T).abs().max()) if len(a.logprobs_T) else 0.0
                                          for a, b in zip(scored, baseline, strict=True)])
-            gaps = [x for c, r in zip(g.completions, scored) for x in ck.logprob_gaps(c.logprobs, r.logprobs_T.tolist())]
-            group_gaps.append(statistics.fmean(gaps))
-            token_gaps += gaps
+            _add_gaps(g, scored, group_gaps, token_gaps)
             for c, r in zip(g.completions, scored):
                 sc = completion_plausibility(r.logprobs_T, torch.tensor(list(c.token_ids)), r.stats,
                                              low_test=s.top_p >= 1.0)

@@ -122,24 +122,25 @@ class Learner:
     def load_optimizer_state(self, state: dict) -> None:
         self.optimizer.load_state_dict(state)
 
+    def completion_logprobs(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs of the batch's completion tokens under the model as it is (adapter active or
+        disabled, grad or not, as the caller set it), at the job's sampling temperature.
+        Returns `(logprobs_BT, mask_BT)` as `scoring.completion_logprobs` does."""
+        return self._logprobs(self.model, batch.prompt_ids, batch.completion_ids,
+                              temperature=self.spec.sampling.temperature, pad_id=self.pad_id)
+
     def compute_gradients(self, batch: StepBatch) -> tuple[float, dict[str, float]]:
         """Forward/backward of the GRPO loss; leaves gradients in `self.params`. Returns (loss, metrics)."""
         self.optimizer.zero_grad(set_to_none=True)
         if not batch.completion_ids:
             return 0.0, {"tokens": 0.0}
         self.model.train()
-        logprobs_BT, mask_BT = self._logprobs(
-            self.model, batch.prompt_ids, batch.completion_ids,
-            temperature=self.spec.sampling.temperature, pad_id=self.pad_id,
-        )
+        logprobs_BT, mask_BT = self.completion_logprobs(batch)
         mask_BT = mask_BT & batch.mask_BT
         ref_BT = None
         if self.spec.loss.kl_beta > 0:
             with torch.no_grad(), self.model.disable_adapter():
-                ref_BT, _ = self._logprobs(
-                    self.model, batch.prompt_ids, batch.completion_ids,
-                    temperature=self.spec.sampling.temperature, pad_id=self.pad_id,
-                )
+                ref_BT, _ = self.completion_logprobs(batch)
         loss, metrics = policy_loss(
             logprobs_BT, batch.old_logprobs_BT, batch.advantages_B, mask_BT, self.spec.loss,
             max_new_tokens=self.spec.sampling.max_new_tokens, ref_logprobs_BT=ref_BT,
