@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Regenerate swarmrl/protocol/pb/ from proto/ with the pinned grpcio-tools (the only way to
+# Regenerate protocol/pb/ from proto/ with the pinned grpcio-tools (the only way to
 # change generated code). tests/unit/test_proto_fresh.py fails when the committed files differ.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:-$root/swarmrl/protocol/pb}
+out=${1:-$root/protocol/pb}
 py=${PYTHON:-$root/.venv/bin/python}
 mkdir -p "$out"
 PATH="$(dirname "$py"):$PATH" "$py" -m grpc_tools.protoc -I "$root/proto" \

@@ -6,7 +6,7 @@ The swarmrl wire contract (package swarmrl.v1).
 Everything a peer claims travels inside a `Signed` envelope: the signer serializes the inner
 message once (deterministically) into `body`, and signs DOMAIN_TAG || 0x00 || body with
 Ed25519. Receivers verify the exact bytes they got, then parse. Domain tags (one per message
-kind) live in swarmrl/protocol/signing.py, so a signature for one kind can't be replayed as
+kind) live in protocol/signing.py, so a signature for one kind can't be replayed as
 another.
 """
 
