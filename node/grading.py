@@ -30,11 +30,10 @@ import time
 import weakref
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Self
 
-from swarmrl.protocol.envs.base import total_reward
+from swarmrl.protocol.envs.base import Grade, total_reward
 
 MAX_MESSAGE_BYTES = 64 << 20
 START_TIMEOUT_S = 60.0
@@ -42,22 +41,6 @@ _ENV_PASSTHROUGH = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")
 _CALL_KINDS = ("ok", "exception", "not_a_list")  # what a worker may answer to a call
 Task = tuple[int, int, int]  # (reward function, first completion, end)
 _CHILD = "import sys; from swarmrl.node.grading import _child_main; _child_main(int(sys.argv[1]), int(sys.argv[2]))"
-
-
-@dataclass(frozen=True)
-class Grade:
-    """The grade of one completion.
-
-    reward: weighted total over the reward functions (TRL nansum semantics: functions returning
-        None are skipped), None when grading failed or every function returned None.
-    rewards: one value per reward function (None where it returned None or failed).
-    error: "" on success, else "; "-joined `"<function name>: <what went wrong>"` entries, e.g.
-        "correct: timeout after 5.0s", "fmt: ValueError: ...", "fmt: wrong length: got 3, want 4".
-    """
-
-    reward: float | None
-    rewards: tuple[float | None, ...]
-    error: str
 
 
 class GradingError(RuntimeError):

@@ -11,13 +11,13 @@ from peft import get_peft_model, set_peft_model_state_dict
 
 from swarmrl.node.grpc_options import channel_options
 from swarmrl.node.models import load_causal_lm, lora_config, prepare_base_model
-from swarmrl.node.worker.adapter_sync import AdapterReplica, assemble
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol import signing
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec, job_id_from_body
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
+from swarmrl.protocol.updates import AdapterReplica, assemble
 
 
 class JobRefused(RuntimeError):

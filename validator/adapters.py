@@ -2,7 +2,7 @@
 
 A validator needs the exact adapter a completion claims (`policy_version`). It asks the job's
 trainer for a signed snapshot of that version (`FetchAdapter(snapshot=True, want_version=v)`),
-verifies it like a worker does (`adapter_sync`: trainer signature, payload sha256, adapter hash)
+verifies it like a worker does (`protocol.updates`: trainer signature, payload sha256, adapter hash)
 and keeps the last few in an LRU. A version the trainer can't serve did not exist: the trainer
 serves every version up to its head, so an empty answer is `VersionUnavailable`.
 
@@ -16,10 +16,10 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 
-from swarmrl.node.worker.adapter_sync import AdapterReplica, ReceivedUpdate, assemble
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol.identity import peer_id_from_public_key
 from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.updates import AdapterReplica, ReceivedUpdate, assemble
 
 log = logging.getLogger(__name__)
 DEFAULT_CAPACITY = 4

@@ -27,9 +27,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from swarmrl.node.grading import Grade
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol import signing
+from swarmrl.protocol.envs.base import Grade
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.verdicts import DUPLICATE, FRESHNESS, LOGPROB, PLAUSIBILITY, REGRADE, STRUCTURE
 from swarmrl.validator.plausibility import Plausibility

@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swarmrl.node.grading import Grade, GradingError, GradingPool
+from swarmrl.node.grading import GradingError, GradingPool
 from swarmrl.node.inference.hf import HFBackend
 from swarmrl.node.models import encode_prompt, vocab_size
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol import signing
 from swarmrl.protocol.envs import get_environment
+from swarmrl.protocol.envs.base import Grade
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.verdicts import ALL, FRESHNESS, LOGPROB, REGRADE

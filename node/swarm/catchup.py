@@ -26,11 +26,11 @@ import hivemind
 
 from swarmrl.node.swarm.gossip import GossipNode
 from swarmrl.node.swarm.holders import Holder, UpdateKey, find_holders
-from swarmrl.node.worker.adapter_sync import AdapterReplica, ReceivedUpdate, assemble
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol import signing
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.signing import signer_id
+from swarmrl.protocol.updates import AdapterReplica, ReceivedUpdate, assemble
 
 log = logging.getLogger(__name__)
 

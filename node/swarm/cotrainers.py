@@ -26,10 +26,10 @@ import grpc
 
 from swarmrl.node.grpc_options import channel_options
 from swarmrl.node.swarm.dht import VerifiedRecord
-from swarmrl.node.worker.adapter_sync import ReceivedUpdate, assemble
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
+from swarmrl.protocol.updates import ReceivedUpdate, assemble
 
 log = logging.getLogger(__name__)
 UNREACHABLE_S = 30.0

@@ -24,11 +24,10 @@ from hivemind.p2p import P2PContext, PeerID
 
 from swarmrl.node.swarm.dht import REFRESH_S
 from swarmrl.node.swarm.holders import announce_holdings
-from swarmrl.node.trainer.service import chunks
-from swarmrl.node.worker.adapter_sync import ReceivedUpdate
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.signing import signer_id
+from swarmrl.protocol.updates import ReceivedUpdate, chunks
 
 log = logging.getLogger(__name__)
 PROTOCOL = "swarmrl.v1.FetchUpdate"

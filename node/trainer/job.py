@@ -31,7 +31,6 @@ from swarmrl.node.trainer.checkpoint import Checkpoint, load_checkpoint, save_ch
 from swarmrl.node.trainer.learner import Learner
 from swarmrl.node.trainer.leases import LeaseBook
 from swarmrl.node.trainer.ledger import Ledger, PendingGroup
-from swarmrl.node.worker.adapter_sync import ReceivedUpdate
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol import signing
@@ -39,6 +38,7 @@ from swarmrl.protocol.envs import get_environment
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.updates import ReceivedUpdate
 from swarmrl.protocol.verdicts import BAD_SIGNATURE_ON_OWN_LEASE, BAN_MS, BANNING_CHECKS, is_attributable
 
 log = logging.getLogger(__name__)

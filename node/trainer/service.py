@@ -16,9 +16,9 @@ from swarmrl.node.grpc_options import channel_options
 from swarmrl.protocol import signing
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
+from swarmrl.protocol.updates import chunks
 
 log = logging.getLogger(__name__)
-CHUNK_BYTES = 1 << 20
 
 
 class TrainerService(pb_grpc.TrainerServicer):
@@ -75,12 +75,6 @@ class TrainerService(pb_grpc.TrainerServicer):
         return self.trainer.report_verdicts(request)
 
 
-def chunks(header: pb.Signed, payload: bytes) -> Iterator[pb.AdapterChunk]:
-    """Split one signed update into stream chunks (header on the first, `last` on the final)."""
-    n = max(1, -(-len(payload) // CHUNK_BYTES))
-    for i in range(n):
-        part = payload[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES]
-        yield pb.AdapterChunk(header=header if i == 0 else None, data=part, last=i == n - 1)
 
 
 def serve(trainer, host: str, port: int, max_message_mb: int, workers: int = 8) -> tuple[grpc.Server, int]:

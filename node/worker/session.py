@@ -23,13 +23,13 @@ from swarmrl.node.inference.base import InferenceBackend, SampledCompletion, Sam
 from swarmrl.node.models import encode_prompt
 from swarmrl.node.swarm.catchup import CatchUp
 from swarmrl.node.swarm.gossip import GossipNode
-from swarmrl.node.worker.adapter_sync import AdapterReplica
 from swarmrl.protocol import signing
 from swarmrl.protocol.envs import PromptSpec, get_environment
 from swarmrl.protocol.identity import Identity, peer_id_from_public_key
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
+from swarmrl.protocol.updates import AdapterReplica
 
 log = logging.getLogger(__name__)
 MAX_GAP = 8  # versions behind past which a snapshot is cheaper than the delta chain

@@ -143,6 +143,22 @@ def grade(
     return [list(row) for row in zip(*columns, strict=True)] if columns else [[] for _ in completions]
 
 
+@dataclass(frozen=True)
+class Grade:
+    """The grade of one completion.
+
+    reward: weighted total over the reward functions (TRL nansum semantics: functions returning
+        None are skipped), None when grading failed or every function returned None.
+    rewards: one value per reward function (None where it returned None or failed).
+    error: "" on success, else "; "-joined `"<function name>: <what went wrong>"` entries, e.g.
+        "correct: timeout after 5.0s", "fmt: ValueError: ...", "fmt: wrong length: got 3, want 4".
+    """
+
+    reward: float | None
+    rewards: tuple[float | None, ...]
+    error: str
+
+
 def total_reward(rewards_F: Sequence[float | None], weights: Sequence[float]) -> float | None:
     """TRL's total: sum of weight * reward over functions that returned a number (None/NaN skipped).
 

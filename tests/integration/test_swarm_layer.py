@@ -28,10 +28,10 @@ from swarmrl.node.swarm.catchup import CatchUp
 from swarmrl.node.swarm.dht import start_dht
 from swarmrl.node.swarm.gossip import GossipNode
 from swarmrl.node.swarm.holders import find_holders
-from swarmrl.node.worker.adapter_sync import AdapterReplica, assemble
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
+from swarmrl.protocol.updates import AdapterReplica, assemble
 
 pytestmark = pytest.mark.integration
 TRAINERS = ("trainer0", "trainer1", "trainer2")   # trainer2 is the NaN peer

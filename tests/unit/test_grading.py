@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from swarmrl.node.grading import Grade, GradingError, GradingPool
+from swarmrl.node.grading import GradingError, GradingPool
+from swarmrl.protocol.envs.base import Grade
 
 
 def correct(prompts, completions, answer, **kwargs):

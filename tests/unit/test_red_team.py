@@ -123,7 +123,7 @@ def test_inflated_rewards_fail_regrade() -> None:
     g = _group(3, [1, 2])
     rt.inflate_rewards([g], ENV.reward_range[1])
     assert all(c.reward == pytest.approx(1.1) and list(c.rewards) == [1.0, 1.0] for c in g.completions)
-    from swarmrl.node.grading import Grade
+    from swarmrl.protocol.envs.base import Grade
     true = [Grade(rewards=[0.0, 1.0], reward=0.1, error="")] * len(g.completions)
     assert not ck.check_regrade(g.completions, true, ENV.regrade_tolerance).passed
 

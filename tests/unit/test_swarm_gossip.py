@@ -15,12 +15,11 @@ from swarmrl.node.swarm.dht import SwarmError, start_dht, visible_maddrs
 from swarmrl.node.swarm.gossip import GossipNode
 from swarmrl.node.swarm.holders import find_holders, holders_key
 from swarmrl.node.trainer.adapter_store import AdapterStore
-from swarmrl.node.trainer.service import chunks
-from swarmrl.node.worker.adapter_sync import AdapterReplica, ReceivedUpdate
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol import signing
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.updates import AdapterReplica, ReceivedUpdate, chunks
 
 JOB = "ab" * 16
 VERSIONS = 4

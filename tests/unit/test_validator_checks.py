@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from swarmrl.node.grading import Grade
+from swarmrl.protocol.envs.base import Grade
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.verdicts import DUPLICATE, FRESHNESS, LOGPROB, PLAUSIBILITY, REGRADE
 from swarmrl.validator import checks as ck

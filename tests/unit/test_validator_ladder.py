@@ -33,13 +33,13 @@ from swarmrl.node.inference.hf import PLACEHOLDER_ADAPTER, HFBackend
 from swarmrl.node.models import build_tiny_tokenizer, encode_prompt, lora_config
 from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.node.trainer.adapter_store import AdapterStore
-from swarmrl.node.trainer.service import chunks
 from swarmrl.protocol import signing
 from swarmrl.protocol.envs import get_environment
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec, LoraSpec, SamplingSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
+from swarmrl.protocol.updates import chunks
 from swarmrl.protocol.verdicts import ALL, DUPLICATE, FRESHNESS, LOGPROB, PLAUSIBILITY, REGRADE, STRUCTURE
 from swarmrl.validator.adapters import InMemoryAdapters
 from swarmrl.validator.reputation import Reputation

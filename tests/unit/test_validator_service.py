@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from swarmrl.node.trainer.adapter_store import AdapterStore
-from swarmrl.node.trainer.service import chunks
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol import signing
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.updates import chunks
 from swarmrl.validator.adapters import SnapshotCache, TrainerAdapters, VersionUnavailable
 from swarmrl.validator.service import sign_report
 

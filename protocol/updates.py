@@ -1,4 +1,7 @@
-"""Catching up a job's adapter: fetch signed updates, verify, apply, check the hash.
+"""Signed adapter updates on the wire: chunking, reassembly and verification, and applying them to a replica.
+
+Pure (no network): every role that moves or applies updates (worker, trainer, validator, the
+swarm layer, the submitter) shares this file.
 
 An update is accepted only when its header verifies under the trainer's public key (from the
 job's signed DHT record) or the key of one of the job's other trainers that record lists (they
@@ -19,6 +22,7 @@ from swarmrl.protocol.identity import peer_id_from_public_key
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 log = logging.getLogger(__name__)
+CHUNK_BYTES = 1 << 20
 
 
 @dataclass
@@ -28,6 +32,14 @@ class ReceivedUpdate:
     header: pb.AdapterUpdate
     envelope: pb.Signed
     payload: bytes
+
+
+def chunks(header: pb.Signed, payload: bytes) -> Iterator[pb.AdapterChunk]:
+    """Split one signed update into stream chunks (header on the first, `last` on the final)."""
+    n = max(1, -(-len(payload) // CHUNK_BYTES))
+    for i in range(n):
+        part = payload[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES]
+        yield pb.AdapterChunk(header=header if i == 0 else None, data=part, last=i == n - 1)
 
 
 def assemble(chunks: Iterable[pb.AdapterChunk], trainer_id: str | Collection[str]) -> Iterator[ReceivedUpdate]:
