@@ -12,4 +12,4 @@ mkdir "$tree/swarmrl"
 ln -s "$root/swarmrl/__init__.py" "$tree/swarmrl/__init__.py"
 for d in node protocol validator simulations; do ln -s "$root/$d" "$tree/swarmrl/$d"; done
 cd "$tree"
-PYTHONPATH="$tree" "$(dirname "$py")/lint-imports" --config "$root/pyproject.toml" --no-cache "$@"
+PYTHONPATH="$tree" "$py" -c "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())" --config "$root/pyproject.toml" --no-cache "$@"
