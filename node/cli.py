@@ -145,10 +145,10 @@ def cmd_status(args: argparse.Namespace) -> int:
                   f"admitted {st.groups_admitted}, dropped {st.groups_dropped}, rejected {dict(st.groups_rejected)}, "
                   f"validator checked {st.validator_checked} failed {st.validator_failed}, "
                   f"on probation {st.groups_on_probation}")
-    steps = Table("step", "reward", "loss", "staleness", "admitted", "rejected", "seconds", title="recent steps")
+    steps = Table("step", "reward", "loss", "staleness", "trained", "rejected", "seconds", title="recent steps")
     for h in st.history:
         steps.add_row(str(h.step), f"{h.reward_mean:.3f}", f"{h.loss:.4f}", f"{h.staleness_mean:.2f}",
-                      str(h.groups_admitted), str(h.groups_rejected), f"{h.seconds:.1f}")
+                      str(h.groups_trained), str(h.groups_rejected), f"{h.seconds:.1f}")
     console.print(steps)
     peers = Table("peer", "admitted", "trained", "rejected", "verdicts (failed)", "strikes", "reputation", "banned",
                   title=f"peers (groups dropped by bans: {st.groups_dropped_banned})")

@@ -33,7 +33,7 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 
 console = Console(stderr=True)
 HELPER_NICE = 5  # workers and the validator run at lower CPU priority than the trainer
-METRIC_COLUMNS = ("step", "policy_version", "reward_mean", "groups_admitted", "groups_rejected", "staleness_mean",
+METRIC_COLUMNS = ("step", "policy_version", "reward_mean", "groups_trained", "groups_rejected", "staleness_mean",
                   "loss", "seconds")
 
 

@@ -1,7 +1,9 @@
 """One job's multi-trainer side inside a trainer: its cotrainers, the averaged step, shared state.
 
-A `JobRuntime` with a `JobSwarm` behaves exactly as a lone trainer until a cotrainer shows up in
-the DHT. From then on each optimizer step is one averaging round for the current version:
+A trainer with a `JobSwarm` behaves exactly as a lone trainer until a cotrainer shows up in the
+DHT. From then on each optimizer step is one averaging round for the current version, run by the
+gradient reducer this file hands the trainer's step (`JobSwarm.reducer`; the swarm layer sees
+tensors, never the learner):
 
     begin matchmaking (group key = job + version) -> forward/backward -> put the gradient in
     (weight = admitted completion tokens; a non-finite gradient goes in as zeros with weight 0)
@@ -17,7 +19,6 @@ for cotrainers that fall behind (`swarm.trainer_state`).
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -30,29 +31,21 @@ from swarmrl.node.swarm.averaging import GradientAveraging
 from swarmrl.node.swarm.cotrainers import Cotrainers
 from swarmrl.node.swarm.dht import find_jobs
 from swarmrl.node.swarm.trainer_state import SharedState, unpack
-from swarmrl.node.trainer.learner import Learner, build_step_batch, summarize
-from swarmrl.protocol.jobspec import JobSpec
+from swarmrl.protocol.grpo.reduce import Reduced
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 log = logging.getLogger(__name__)
 SYNC_RETRY_S = 2.0
-FAULTS = ("nan_gradients",)
 
 
 class JobSwarm:
-    """The cotrainers and the gradient averager of one job in one trainer (see module docstring).
-
-    fault: "nan_gradients" makes this trainer a broken peer for drills: its gradients are NaN and
-    it skips its own finiteness check (others must exclude it).
-    """
+    """The cotrainers and the gradient averager of one job in one trainer (see module docstring)."""
 
     def __init__(self, dht: hivemind.DHT, my_id: str, job_id: str, *, allowed: set[str] | None = None,
-                 matchmaking_s: float = 2.0, timeout_s: float = 60.0, fault: str | None = None) -> None:
-        if fault is not None and fault not in FAULTS:
-            raise ValueError(f"unknown trainer fault {fault!r}; known: {FAULTS}")
+                 matchmaking_s: float = 2.0, timeout_s: float = 60.0) -> None:
         self.dht, self.my_id, self.job_id = dht, my_id, job_id
         self.cotrainers = Cotrainers(job_id, my_id, allowed)
-        self.matchmaking_s, self.timeout_s, self.fault = matchmaking_s, timeout_s, fault
+        self.matchmaking_s, self.timeout_s = matchmaking_s, timeout_s
         self.averaging: GradientAveraging | None = None
         self.counters: Counter[str] = Counter()
         self._last_sync = 0.0
@@ -104,51 +97,22 @@ class JobSwarm:
             log.warning("job %s: shared state refused: %s", self.job_id[:12], exc)
             return None
 
-    def step(self, learner: Learner, groups: list[pb.Group], spec: JobSpec, version: int,
-             head_hash: bytes) -> dict[str, float] | None:
-        """One averaged GRPO step (module docstring). Returns the metrics row, or None when the
-        step was abandoned (nothing was applied; the groups stay pending)."""
-        assert self.averaging is not None
-        t0 = time.monotonic()
-        batch = build_step_batch(groups, spec, version)
-        expected = 1 + len(self.cotrainers.live())
-        pending = self.averaging.begin(version, {"version": version, "hash": head_hash.hex(), "trainer": self.my_id},
-                                       expected=expected)
-        loss, metrics = learner.compute_gradients(batch)
-        if self.fault == "nan_gradients":
-            learner.poison_gradients()
-        finite = self.fault == "nan_gradients" or learner.gradients_finite()
-        weight = float(batch.mask_BT.sum()) if finite else 0.0
-        grads = learner.grads() if finite else [torch.zeros_like(p) for p in learner.params]
-        outcome = self.averaging.finish(pending, grads, weight)
-        if time.monotonic() - t0 > self.matchmaking_s + 5:
-            log.info("job %s v%d: averaging round took %.1fs (%s)", self.job_id[:12], version,
-                     time.monotonic() - t0, outcome.reason or "agreed")
-        self.counters["averaging_excluded"] += len(outcome.excluded)
-        if outcome.group_size < expected:
-            self.cotrainers.probe(self.job_id)   # someone missed the round: is it still there?
-        if outcome.agreed:
-            if outcome.contributed:
-                learner.set_grads(outcome.averaged or [])
-            else:
-                learner.clear_grads()      # nobody had a gradient: no optimizer step, at every member
-            self.counters["averaging_rounds"] += 1
-        else:
-            self.counters["averaging_solo"] += 1
-            if (not groups) or self._cotrainer_ahead(version):
-                learner.clear_grads()
-                log.info("job %s v%d: round %s; abandoning the step", self.job_id[:12], version, outcome.reason)
-                return None
-            if weight == 0.0 or not learner.gradients_finite():
-                learner.clear_grads()
-            log.info("job %s v%d: round %s; stepping on the local gradient", self.job_id[:12], version, outcome.reason)
-        grad_norm = learner.apply_gradients()
-        row = summarize(batch, loss, metrics, grad_norm, finite and not math.isnan(grad_norm), time.monotonic() - t0)
-        row.update({"averaged_with": float(outcome.group_size - 1) if outcome.agreed else 0.0,
-                    "grad_weight": weight, "excluded_peers": float(len(outcome.excluded))})
-        return row
+    @property
+    def averaging_now(self) -> bool:
+        """True when a step should be an averaging round (the averager runs and a cotrainer lives)."""
+        return self.averaging is not None and self.active
 
-    def _cotrainer_ahead(self, version: int) -> bool:
+    def reducer(self, version: int, head_hash: bytes, *, has_groups: bool) -> AveragingReduce:
+        """The gradient reducer of one step at `version` (an averaging round; module docstring).
+
+        has_groups: whether this trainer has groups of its own to step on (without any, a failed
+        round abandons the step instead of stepping alone on nothing).
+        """
+        assert self.averaging is not None
+        return AveragingReduce(self, version, head_hash, has_groups)
+
+    def cotrainer_ahead(self, version: int) -> bool:
+        """Whether a live cotrainer announces a version past `version` (re-reads the DHT)."""
         try:
             self.refresh()
         except Exception as exc:  # noqa: BLE001 - the DHT can fail: assume nobody is ahead
@@ -165,3 +129,54 @@ class JobSwarm:
     def shutdown(self) -> None:
         if self.averaging is not None:
             self.averaging.shutdown()
+
+
+class AveragingReduce:
+    """One averaging round as a gradient reducer (`protocol.grpo.reduce.GradientReducer`).
+
+    begin: start matchmaking (group key = job + version), overlapping the forward/backward pass.
+    reduce: put the gradient in (weight = admitted completion tokens; weight 0 with zeros when the
+    trainer has nothing usable); the round agrees: step on the average, or no step when no member
+    had weight | it does not: step on the local gradient, unless there is none or the trainer had
+    no groups or a cotrainer got ahead (then abandon).
+    """
+
+    def __init__(self, swarm: JobSwarm, version: int, head_hash: bytes, has_groups: bool) -> None:
+        self.swarm, self.version, self.head_hash, self.has_groups = swarm, version, head_hash, has_groups
+        self.expected = 1 + len(swarm.cotrainers.live())
+        self.t0 = time.monotonic()
+        self.pending: Any = None
+
+    def begin(self) -> None:
+        """Open the round (matchmaking runs in the averager's background)."""
+        assert self.swarm.averaging is not None
+        self.t0 = time.monotonic()
+        self.pending = self.swarm.averaging.begin(
+            self.version, {"version": self.version, "hash": self.head_hash.hex(), "trainer": self.swarm.my_id},
+            expected=self.expected)
+
+    def reduce(self, grads: list[torch.Tensor], weight: float) -> Reduced:
+        """Average `grads` (one per LoRA parameter) with the round's members; see the class docstring."""
+        swarm, version = self.swarm, self.version
+        assert swarm.averaging is not None
+        if self.pending is None:
+            self.begin()
+        outcome = swarm.averaging.finish(self.pending, grads, weight)
+        if time.monotonic() - self.t0 > swarm.matchmaking_s + 5:
+            log.info("job %s v%d: averaging round took %.1fs (%s)", swarm.job_id[:12], version,
+                     time.monotonic() - self.t0, outcome.reason or "agreed")
+        swarm.counters["averaging_excluded"] += len(outcome.excluded)
+        if outcome.group_size < self.expected:
+            swarm.cotrainers.probe(swarm.job_id)   # someone missed the round: is it still there?
+        metrics = {"averaged_with": float(outcome.group_size - 1) if outcome.agreed else 0.0,
+                   "excluded_peers": float(len(outcome.excluded))}
+        if outcome.agreed:
+            swarm.counters["averaging_rounds"] += 1
+            # nobody had a gradient: no optimizer step, at every member
+            return Reduced(list(outcome.averaged or []) if outcome.contributed else None, metrics=metrics)
+        swarm.counters["averaging_solo"] += 1
+        if not self.has_groups or swarm.cotrainer_ahead(version):
+            log.info("job %s v%d: round %s; abandoning the step", swarm.job_id[:12], version, outcome.reason)
+            return Reduced(None, abandon=True, metrics=metrics)
+        log.info("job %s v%d: round %s; stepping on the local gradient", swarm.job_id[:12], version, outcome.reason)
+        return Reduced(grads if weight > 0 else None, metrics=metrics)

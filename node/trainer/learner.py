@@ -3,6 +3,11 @@
 Legend: B = completions in the batch, T = completion tokens (right-padded), G = group size.
 The policy-gradient math lives in swarmrl.protocol.grpo (pure functions); this file only builds
 the tensors from the wire groups, runs the forward/backward pass and the optimizer.
+
+There is one step (`Learner.step`) for a lone trainer and for several trainers of a job: between
+the backward pass and the optimizer it hands the gradients to a `GradientReducer`, the identity
+(`protocol.grpo.reduce.LocalReduce`) alone or hivemind averaging with cotrainers (`node.swarm.job_swarm`), as
+TorchTitan reduces gradients with a hook instead of a second training loop.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from swarmrl.node.inference.scoring import completion_logprobs, shared_prompt_lo
 from swarmrl.node.models import load_causal_lm, lora_config
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol.grpo import group_advantages, logprob_drift, policy_loss, staleness_histogram
+from swarmrl.protocol.grpo.reduce import GradientReducer, LocalReduce
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
@@ -164,11 +170,6 @@ class Learner:
     def clear_grads(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
-    def poison_gradients(self) -> None:
-        """Fault drill: make every gradient NaN (a broken peer, for averaging tests)."""
-        for p in self.params:
-            p.grad = torch.full_like(p, float("nan"))
-
     def gradients_finite(self) -> bool:
         return all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in self.params)
 
@@ -181,16 +182,38 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         return float(norm)
 
-    def step(self, groups: list[pb.Group], current_version: int) -> dict[str, float]:
-        """One GRPO step on `groups`: advantages -> loss -> backward -> optimizer. Returns metrics."""
+    def step(self, groups: list[pb.Group], current_version: int,
+             reducer: GradientReducer | None = None) -> dict[str, float] | None:
+        """One GRPO step on `groups`: advantages -> loss -> backward -> reduce -> optimizer.
+
+        reducer: combines the gradients with other trainers' (default `LocalReduce`). A batch
+            without signal (no unmasked tokens: every group zero-variance) or with non-finite
+            gradients goes in with weight 0, and the optimizer step is skipped unless the reducer
+            returns others' gradients. Non-finite reduced gradients are never applied.
+        Returns the metrics row (`summarize`; `stepped` is 1.0 when the adapter changed), or None
+        when the reducer abandoned the step (nothing applied).
+        """
+        reducer = reducer or LocalReduce()
         t0 = time.monotonic()
         batch = build_step_batch(groups, self.spec, current_version)
+        reducer.begin()
         loss, metrics = self.compute_gradients(batch)
         finite = self.gradients_finite()
-        grad_norm = self.apply_gradients() if finite else math.nan
-        if not finite:
-            self.optimizer.zero_grad(set_to_none=True)
-        return summarize(batch, loss, metrics, grad_norm, finite, time.monotonic() - t0)
+        weight = float(batch.mask_BT.sum()) if finite else 0.0
+        out = reducer.reduce(self.grads() if finite else [torch.zeros_like(p) for p in self.params], weight)
+        if out.abandon:
+            self.clear_grads()
+            return None
+        usable = out.grads is not None and all(bool(torch.isfinite(g).all()) for g in out.grads)
+        if out.grads is not None and usable:
+            self.set_grads(out.grads)
+        else:
+            self.clear_grads()   # nothing to step on, or the reduced gradients are not finite: no step
+        stepped = usable
+        grad_norm = self.apply_gradients() if stepped else (0.0 if finite else math.nan)
+        row = summarize(batch, loss, metrics, grad_norm, finite, time.monotonic() - t0)
+        row.update({"stepped": float(stepped), "grad_weight": weight, **out.metrics})
+        return row
 
 
 def summarize(

@@ -15,6 +15,7 @@ from swarmrl.node.models import base_model_sha256, prepare_base_model
 from swarmrl.node.runtime import start_role, write_ready
 from swarmrl.node.swarm.dht import REFRESH_S, announce_job, find_jobs, visible_maddrs
 from swarmrl.node.swarm.job_swarm import JobSwarm
+from swarmrl.node.trainer.faults import reducer_wrap
 from swarmrl.node.trainer.job import JobRuntime, now_ms
 from swarmrl.node.trainer.ledger import Ledger
 from swarmrl.node.trainer.service import serve
@@ -47,13 +48,13 @@ class Trainer:
             raise ValueError(f"base model {spec.base_model} here does not match the job's sha256")
         runtime = JobRuntime(job_id, spec, identity=self.identity, model_path=path, state_dir=self.cfg.state_dir,
                              ledger=self.ledger, prompt_shard=self.cfg.prompt_shard,
-                             probation_ms=int(self.cfg.probation_s * 1000) if self.cfg.trusted_validators else 0)
+                             probation_ms=int(self.cfg.probation_s * 1000) if self.cfg.trusted_validators else 0,
+                             wrap_reducer=reducer_wrap(self.cfg.fault))
         if self.dht is not None:
             runtime.attach_swarm(JobSwarm(
                 self.dht, self.identity.peer_id, job_id,
                 allowed=set(self.cfg.cotrainers) if self.cfg.cotrainers is not None else None,
-                matchmaking_s=self.cfg.averaging_matchmaking_s, timeout_s=self.cfg.averaging_timeout_s,
-                fault=self.cfg.fault))
+                matchmaking_s=self.cfg.averaging_matchmaking_s, timeout_s=self.cfg.averaging_timeout_s))
         self.jobs[job_id] = runtime
         return runtime
 
@@ -83,7 +84,7 @@ class Trainer:
         if job is None:
             self.unrouted_rejections += 1
             return pb.BatchReceipt(batch_id=signing.envelope_id(envelope), accepted=False, reason="unknown_job")
-        return job.admit(envelope, self.cfg.max_batch_mb << 20)
+        return job.admission.admit(envelope, self.cfg.max_batch_mb << 20)
 
     def report_verdicts(self, envelope: pb.Signed) -> pb.VerdictAck:
         """Act on a trusted validator's signed verdicts."""
@@ -96,7 +97,7 @@ class Trainer:
         job = self.jobs.get(report.job_id)
         if job is None:
             return pb.VerdictAck(reason="unknown_job")
-        banned = job.apply_verdicts(validator, report)
+        banned = job.admission.apply_verdicts(validator, report)
         return pb.VerdictAck(accepted=len(report.verdicts), banned=banned)
 
     def count_upload(self, n: int) -> None:
@@ -173,7 +174,7 @@ def run(cfg: TrainerConfig) -> None:
             records = loop.look_for_cotrainers_if_due()
             stepped = False
             for job in list(trainer.jobs.values()):
-                job.expire_leases()
+                job.admission.expire_leases()
                 loop.coordinate(job, records)
                 stepped |= loop.step(job)
             if not stepped:
@@ -181,7 +182,7 @@ def run(cfg: TrainerConfig) -> None:
     finally:
         server.stop(grace=2).wait()
         for job in trainer.jobs.values():
-            if job.swarm is not None:
-                job.swarm.shutdown()
+            if job.cotraining is not None:
+                job.cotraining.swarm.shutdown()
         trainer.ledger.close()
         dht.shutdown()

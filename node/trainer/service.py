@@ -38,7 +38,7 @@ class TrainerService(pb_grpc.TrainerServicer):
         job = self.trainer.jobs.get(req.job_id)
         if job is None:
             return pb.LeaseReply(reason="unknown_job")
-        return job.request_lease(peer, req)
+        return job.admission.request_lease(peer, req)
 
     def SubmitRollouts(self, request_iterator: Iterator[pb.Signed], context: grpc.ServicerContext) -> pb.Receipt:
         receipt = pb.Receipt()

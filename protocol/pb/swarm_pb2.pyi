@@ -798,7 +798,7 @@ class StepMetrics(_message.Message):
     STEP_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
     REWARD_MEAN_FIELD_NUMBER: _builtins.int
-    GROUPS_ADMITTED_FIELD_NUMBER: _builtins.int
+    GROUPS_TRAINED_FIELD_NUMBER: _builtins.int
     GROUPS_REJECTED_FIELD_NUMBER: _builtins.int
     STALENESS_MEAN_FIELD_NUMBER: _builtins.int
     LOSS_FIELD_NUMBER: _builtins.int
@@ -807,8 +807,8 @@ class StepMetrics(_message.Message):
     step: _builtins.int
     policy_version: _builtins.int
     reward_mean: _builtins.float
-    groups_admitted: _builtins.int
-    """groups consumed by this step"""
+    groups_trained: _builtins.int
+    """groups this step trained on (admitted earlier)"""
     groups_rejected: _builtins.int
     """rejections since the previous step"""
     staleness_mean: _builtins.float
@@ -824,7 +824,7 @@ class StepMetrics(_message.Message):
         step: _builtins.int = ...,
         policy_version: _builtins.int = ...,
         reward_mean: _builtins.float = ...,
-        groups_admitted: _builtins.int = ...,
+        groups_trained: _builtins.int = ...,
         groups_rejected: _builtins.int = ...,
         staleness_mean: _builtins.float = ...,
         loss: _builtins.float = ...,
@@ -833,7 +833,7 @@ class StepMetrics(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["extra", b"extra", "groups_admitted", b"groups_admitted", "groups_rejected", b"groups_rejected", "loss", b"loss", "policy_version", b"policy_version", "reward_mean", b"reward_mean", "seconds", b"seconds", "staleness_mean", b"staleness_mean", "step", b"step"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["extra", b"extra", "groups_rejected", b"groups_rejected", "groups_trained", b"groups_trained", "loss", b"loss", "policy_version", b"policy_version", "reward_mean", b"reward_mean", "seconds", b"seconds", "staleness_mean", b"staleness_mean", "step", b"step"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

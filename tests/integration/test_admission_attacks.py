@@ -148,24 +148,3 @@ def test_each_attack_is_rejected_with_its_reason_while_honest_work_continues(ser
         assert rejected.get(reason, 0) >= 1, (reason, rejected)
     for s in (honest, stale_session, nan_session):
         s.grader.close()
-
-
-def test_lease_of_a_vanished_worker_is_reissued(served_job, model_cache):
-    """A worker that takes a lease and dies never answers it: after the deadline its prompts go
-    to the next worker, and a late answer to the dead lease is refused as expired."""
-    endpoint, record, backend = served_job
-    spec = builtin_job("tiny", model_cache, steps=100, batch_groups=2, prompts_per_lease=2, lease_ttl_s=1.5)
-    job_id = submit_job(endpoint, Identity.generate(), spec)
-    short = pb.JobRecord(job_id=job_id, trainer_id=record.trainer_id, endpoint=endpoint,
-                         spec_json=spec.canonical_json(), trainer_public_key=record.trainer_public_key)
-    backend.add_slot(job_id, spec.lora)
-    vanished = _session(short, backend)
-    dead_lease, dead_envelope = _prepared_batch(vanished)  # generated, never sent in time
-    time.sleep(2.0)
-    survivor = _session(short, backend)
-    lease = _lease(survivor)
-    assert sorted(lease.prompt_indices) == sorted(dead_lease.prompt_indices)
-    r = _send(endpoint, dead_envelope)
-    assert not r.accepted and r.reason == "lease_expired"
-    for s in (vanished, survivor):
-        s.grader.close()

@@ -42,7 +42,7 @@ def test_outputs_exist_and_versions_advance(run_dir):
     with open(run_dir / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
     assert [int(r["policy_version"]) for r in rows] == list(range(1, STEPS + 1))
-    for col in ("step", "policy_version", "reward_mean", "groups_admitted", "groups_rejected", "staleness_mean",
+    for col in ("step", "policy_version", "reward_mean", "groups_trained", "groups_rejected", "staleness_mean",
                 "loss", "seconds"):
         assert col in rows[0]
 

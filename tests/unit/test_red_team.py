@@ -1,6 +1,6 @@
-"""Red-team modes with small inputs: each doctoring step, what catches it (admission, a validator
-rung), and the trainer's consequences (attributable strikes, verdict bans, dropped groups,
-no bans on unattributable evidence, bans surviving a restart, expiry).
+"""Red-team modes with small inputs: each doctoring step and what catches it (admission, a
+validator rung). The trainer's consequences (strikes, bans, dropped groups) are
+tests/unit/test_trainer_job.py.
 
 The validator cases reuse the ladder test's tiny model world (tests/unit/test_validator_ladder.py).
 Legend: G = completions per group.
@@ -10,23 +10,17 @@ from __future__ import annotations
 
 import math
 import random
-import time
 
 import pytest
-import torch
 
 from swarmrl.node.inference.base import Sampling
-from swarmrl.node.jobs import builtin_job
-from swarmrl.node.models import prepare_base_model
-from swarmrl.node.trainer.job import JobRuntime
-from swarmrl.node.trainer.ledger import Ledger
 from swarmrl.node.worker import red_team as rt
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol import signing
 from swarmrl.protocol.envs import get_environment
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
-from swarmrl.protocol.verdicts import LOGPROB, REGRADE, STRIKES_TO_BAN, is_attributable
+from swarmrl.protocol.verdicts import LOGPROB, REGRADE, is_attributable
 from swarmrl.validator import checks as ck
 from tests.unit.test_validator_ladder import (  # noqa: F401 - pytest fixtures
     ALICE,
@@ -216,181 +210,6 @@ def test_copycat_relabelled_copies_fail_and_the_original_keeps_credit(world: Wor
     failed = [v for v in verdicts if not v.passed]
     assert failed and failed[0].peer_id == BOB.peer_id and failed[0].check in (LOGPROB, REGRADE)
     assert all(v.passed for v in judge(validator, world, original))
-
-
-# ---- trainer consequences --------------------------------------------------------------------------
-
-@pytest.fixture()
-def runtime(tmp_path, model_cache):
-    torch.manual_seed(0)
-    spec = builtin_job("tiny", model_cache, steps=4, batch_groups=2, prompts_per_lease=1)
-    trainer = Identity.from_seed(b"t" * 32)
-    ledger = Ledger(tmp_path / "ledger.sqlite")
-    job = JobRuntime("job-rt", spec, identity=trainer, model_path=prepare_base_model("tiny", model_cache),
-                     state_dir=tmp_path, ledger=ledger)
-    yield job, ledger, tmp_path
-    ledger.close()
-
-
-def _lease(job: JobRuntime, who: Identity) -> pb.Lease:
-    reply = job.request_lease(who.peer_id, pb.LeaseRequest(job_id=job.job_id, max_prompts=1))
-    assert reply.HasField("lease"), reply.reason
-    return reply.lease
-
-
-def _honest_batch(job: JobRuntime, who: Identity, lease: pb.Lease) -> pb.Signed:
-    groups = [_group(i, job.prompt_ids(i), version=lease.policy_version, n=job.spec.group_size)
-              for i in lease.prompt_indices]
-    batch = pb.RolloutBatch(job_id=job.job_id, lease_id=lease.lease_id, peer_id=who.peer_id, groups=groups)
-    return signing.sign(who, signing.ROLLOUT_BATCH, batch)
-
-
-def _submit(job: JobRuntime, env: pb.Signed) -> pb.BatchReceipt:
-    return job.admit(env, 1 << 24)
-
-
-def test_nan_batches_ban_after_strikes_and_honest_peers_stay(runtime) -> None:
-    job, _, _ = runtime
-    bad, good = Identity.from_seed(b"x" * 32), Identity.from_seed(b"y" * 32)
-    assert _submit(job, _honest_batch(job, good, _lease(job, good))).groups[0].admitted
-    for k in range(STRIKES_TO_BAN):
-        lease = _lease(job, bad)
-        body = pb.RolloutBatch.FromString(_honest_batch(job, bad, lease).body)
-        rt.poison_logprobs(body.groups)
-        receipt = _submit(job, signing.sign(bad, signing.ROLLOUT_BATCH, body))
-        assert receipt.groups[0].reason == adm.NON_FINITE
-        assert (bad.peer_id in job.banned) == (k == STRIKES_TO_BAN - 1)
-        assert job.leases.get(lease.lease_id) is None   # revoked: its prompt goes back to the queue now
-    assert job.request_lease(bad.peer_id, pb.LeaseRequest(job_id=job.job_id)).reason == adm.BANNED
-    assert good.peer_id not in job.banned
-    peers = {p.peer_id: p for p in job.status(0).peers}
-    assert peers[bad.peer_id].banned and peers[bad.peer_id].banned_at_ms > 0
-    assert peers[bad.peer_id].strikes == STRIKES_TO_BAN and peers[bad.peer_id].rejected_by_reason[adm.NON_FINITE] >= 1
-
-
-def test_a_replaying_peer_is_banned_in_one_round(runtime) -> None:
-    """The replay mode's round: a verbatim resend of another peer's admitted batch is refused
-    without blame; earlier admitted groups re-signed under the replayer's own lease are one strike
-    each, so REPLAY_GROUPS >= STRIKES_TO_BAN of them ban it at once."""
-    job, _, _ = runtime
-    alice, replayer = Identity.from_seed(b"a" * 32), Identity.from_seed(b"r" * 32)
-    sent = [_honest_batch(job, alice, _lease(job, alice)) for _ in range(STRIKES_TO_BAN)]
-    assert all(_submit(job, env).groups[0].admitted for env in sent)
-    lease = _lease(job, replayer)
-    assert _submit(job, sent[-1]).reason == adm.REPLAY and job.strikes[replayer.peer_id] == 0
-    earlier = [g for env in sent for g in pb.RolloutBatch.FromString(env.body).groups]
-    assert rt.REPLAY_GROUPS >= STRIKES_TO_BAN and len(earlier) <= rt.REPLAY_GROUPS
-    body = pb.RolloutBatch(job_id=job.job_id, lease_id=lease.lease_id, peer_id=replayer.peer_id,
-                           groups=rt.reassign(earlier, lease))
-    receipt = _submit(job, signing.sign(replayer, signing.ROLLOUT_BATCH, body))
-    assert [g.reason for g in receipt.groups] == [adm.NOT_IN_LEASE] * len(earlier)
-    assert replayer.peer_id in job.banned and alice.peer_id not in job.banned
-
-
-def test_forged_signature_on_own_private_lease_is_attributable(runtime) -> None:
-    job, _, _ = runtime
-    forger = Identity.from_seed(b"g" * 32)
-    for _ in range(STRIKES_TO_BAN):
-        receipt = _submit(job, rt.forge_signature(_honest_batch(job, forger, _lease(job, forger))))
-        assert receipt.reason == adm.BAD_SIGNATURE
-    assert forger.peer_id in job.banned and "bad_signature_on_own_lease" in job.banned[forger.peer_id]
-
-
-def test_nobody_can_get_an_honest_peer_banned_without_its_key(runtime) -> None:
-    """A framer copies the victim's public key onto garbage (with leases it doesn't hold, or the
-    victim's lease once exposed) and replays the victim's admitted batch: rejected, no strike."""
-    job, _, _ = runtime
-    victim, framer = Identity.from_seed(b"v" * 32), Identity.from_seed(b"w" * 32)
-    lease = _lease(job, victim)
-    env = _honest_batch(job, victim, lease)
-    assert _submit(job, env).groups[0].admitted
-    own = _lease(job, framer)                                              # the framer's own lease
-    for _ in range(STRIKES_TO_BAN + 1):
-        assert _submit(job, env).reason == adm.REPLAY                      # replay
-        forged = rt.forge_signature(env)                                   # lease exposed by now
-        assert _submit(job, forged).reason == adm.BAD_SIGNATURE
-        fake = pb.Signed(body=pb.RolloutBatch(job_id=job.job_id, lease_id=own.lease_id, peer_id=victim.peer_id)
-                         .SerializeToString(), public_key=victim.public_key, signature=b"\0" * 64)
-        assert _submit(job, fake).reason == adm.BAD_SIGNATURE
-    assert victim.peer_id not in job.banned and job.strikes[victim.peer_id] == 0
-
-
-def test_verdict_ban_drops_pending_groups_and_survives_a_restart(runtime, model_cache) -> None:
-    job, ledger, state = runtime
-    cheat = Identity.from_seed(b"c" * 32)
-    lease = _lease(job, cheat)
-    assert _submit(job, _honest_batch(job, cheat, lease)).groups[0].admitted
-    verdict = pb.Verdict(job_id=job.job_id, peer_id=cheat.peer_id, batch_id="b", prompt_index=lease.prompt_indices[0],
-                         passed=False, check=LOGPROB, detail="mean gap 1.2")
-    assert job.apply_verdicts("validator", pb.VerdictReport(job_id=job.job_id, verdicts=[verdict])) == [cheat.peer_id]
-    st = job.status(0)
-    assert st.groups_dropped_banned == 1 and ledger.count_pending(job.job_id) == 0
-    again = JobRuntime(job.job_id, job.spec, identity=job.identity, model_path=prepare_base_model("tiny", model_cache),
-                       state_dir=state, ledger=ledger)
-    assert cheat.peer_id in again.banned and again.bans.banned_at[cheat.peer_id] == job.bans.banned_at[cheat.peer_id]
-    again.lift_ban(cheat.peer_id)
-    assert cheat.peer_id not in again.banned and not ledger.bans(job.job_id)
-
-
-def test_strikes_survive_a_trainer_restart(runtime, model_cache) -> None:
-    """A cheater one strike short of a ban does not start afresh when the trainer restarts."""
-    job, ledger, state = runtime
-    bad = Identity.from_seed(b"s" * 32)
-    for _ in range(STRIKES_TO_BAN - 1):
-        body = pb.RolloutBatch.FromString(_honest_batch(job, bad, _lease(job, bad)).body)
-        rt.poison_logprobs(body.groups)
-        assert _submit(job, signing.sign(bad, signing.ROLLOUT_BATCH, body)).groups[0].reason == adm.NON_FINITE
-    again = JobRuntime(job.job_id, job.spec, identity=job.identity, model_path=prepare_base_model("tiny", model_cache),
-                       state_dir=state, ledger=ledger)
-    assert again.strikes[bad.peer_id] == STRIKES_TO_BAN - 1 and bad.peer_id not in again.banned
-    body = pb.RolloutBatch.FromString(_honest_batch(again, bad, _lease(again, bad)).body)
-    rt.poison_logprobs(body.groups)
-    _submit(again, signing.sign(bad, signing.ROLLOUT_BATCH, body))
-    assert bad.peer_id in again.banned
-    again.lift_ban(bad.peer_id)
-    assert again.strikes[bad.peer_id] == 0 and not ledger.strikes(job.job_id)
-
-
-def test_probation_holds_new_peers_groups_until_a_passing_verdict(tmp_path, model_cache) -> None:
-    """With probation, a step uses a peer's groups only after a trusted validator passed one of
-    them (or the hold ran out); a cheater caught meanwhile loses its held groups untrained."""
-    spec = builtin_job("tiny", model_cache, steps=4, batch_groups=2, prompts_per_lease=1)
-    ledger = Ledger(tmp_path / "ledger.sqlite")
-    job = JobRuntime("job-probation", spec, identity=Identity.from_seed(b"t" * 32), ledger=ledger,
-                     model_path=prepare_base_model("tiny", model_cache), state_dir=tmp_path, probation_ms=3_600_000)
-    honest, cheat = Identity.from_seed(b"h" * 32), Identity.from_seed(b"k" * 32)
-    for who in (honest, honest, cheat):
-        assert _submit(job, _honest_batch(job, who, _lease(job, who))).groups[0].admitted
-    assert not job.ready() and job.take_batch() == [] and job.groups_on_probation() == 3
-
-    def verdict(who: Identity, passed: bool, check: str) -> pb.Verdict:
-        return pb.Verdict(job_id=job.job_id, peer_id=who.peer_id, batch_id="b", prompt_index=0, passed=passed,
-                          check=check)
-
-    job.apply_verdicts("validator", pb.VerdictReport(job_id=job.job_id, verdicts=[verdict(honest, True, "all")]))
-    assert job.ready()
-    batch = job.take_batch()
-    assert {p.peer_id for p in batch} == {honest.peer_id}
-    job.ledger.mark([p.row_id for p in batch], "trained", step=1)
-    assert job.status(0).groups_on_probation == 1
-    job.apply_verdicts("validator", pb.VerdictReport(job_id=job.job_id, verdicts=[verdict(cheat, False, LOGPROB)]))
-    assert cheat.peer_id in job.banned and job.groups_on_probation() == 0
-    assert job.ledger.peer_state_counts(job.job_id)[cheat.peer_id].get("trained", 0) == 0
-    # a hold that ran out: the groups of a peer nobody checked become trainable.
-    job.probation_ms = 1
-    late = Identity.from_seed(b"l" * 32)
-    assert _submit(job, _honest_batch(job, late, _lease(job, late))).groups[0].admitted
-    time.sleep(0.01)
-    assert late.peer_id in {p.peer_id for p in job.take_batch()}
-    ledger.close()
-
-
-def test_bans_expire(runtime) -> None:
-    job, _, _ = runtime
-    peer = Identity.from_seed(b"e" * 32)
-    job.ban(peer.peer_id, "test", duration_ms=0)
-    assert job.request_lease(peer.peer_id, pb.LeaseRequest(job_id=job.job_id)).HasField("lease")
-    assert peer.peer_id not in job.banned
 
 
 # ---- the drill's summary ---------------------------------------------------------------------------

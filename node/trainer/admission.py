@@ -1,0 +1,228 @@
+"""The trainer's front desk for one job: leases, admission of signed rollout batches, strikes and
+bans, with what each does to the others.
+
+Leasing, admitting and banning are atomic with respect to each other (one lock, `gate`): a ban
+that lands while a peer asks for a lease either comes first (the request is answered `banned`)
+or after (the fresh lease is revoked by the ban and its prompts go back to the queue), and a ban
+never races a batch of the same peer into the ledger. Signatures are checked outside the lock.
+The clock is injected (unix seconds), as `LeaseBook` takes times, so tests drive time instead of
+sleeping.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+from swarmrl.node.trainer.bans import BanBook
+from swarmrl.node.trainer.leases import LeaseBook
+from swarmrl.node.trainer.ledger import Ledger
+from swarmrl.protocol import admission as adm
+from swarmrl.protocol import signing
+from swarmrl.protocol.jobspec import JobSpec
+from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.verdicts import BAD_SIGNATURE_ON_OWN_LEASE, BAN_MS, BANNING_CHECKS, is_attributable
+
+log = logging.getLogger(__name__)
+BACKLOG_BATCHES = 2  # leases are refused ("busy") while this many batches are pending
+Clock = Callable[[], float]
+
+
+class Admission:
+    """Leases, admission and bans of one job (thread-safe; see the module docstring).
+
+    limits: the admission checks' bounds (`protocol.admission.AdmissionLimits`).
+    prompt_ids: token ids of prompt `index`, derived from (job seed, index).
+    version, done: the job's current policy version and whether it ended (read at each use).
+    clock: unix seconds (time.time, or a test's clock).
+    """
+
+    def __init__(self, job_id: str, spec: JobSpec, ledger: Ledger, *, limits: adm.AdmissionLimits,
+                 prompt_ids: Callable[[int], list[int]], version: Callable[[], int], done: Callable[[], bool],
+                 prompt_shard: tuple[int, int] = (0, 1), clock: Clock) -> None:
+        self.job_id, self.spec, self.ledger, self.limits = job_id, spec, ledger, limits
+        self.prompt_ids, self.version, self.done, self.clock = prompt_ids, version, done, clock
+        self.leases = LeaseBook(job_id, ttl_ms=int(spec.lease_ttl_s * 1000), shard=prompt_shard)
+        self.leases.restore(ledger.leases(job_id, open_only=True), ledger.admitted_indices(job_id))
+        self.bans = BanBook(job_id, ledger)
+        self.gate = threading.RLock()
+        self.rejections_since_step = 0
+
+    def now_ms(self) -> int:
+        """The injected clock in unix milliseconds."""
+        return int(self.clock() * 1000)
+
+    @property
+    def banned(self) -> dict[str, str]:
+        """peer -> reason of the job's bans (see `ban` and protocol.verdicts)."""
+        return self.bans.banned
+
+    @property
+    def strikes(self) -> Counter[str]:
+        """peer -> attributable admission failures (groups), durable."""
+        return self.bans.strikes
+
+    # ---- leases
+    def sampling(self) -> pb.SamplingParams:
+        """The job's sampling parameters as a lease carries them."""
+        s = self.spec.sampling
+        return pb.SamplingParams(temperature=s.temperature, top_p=s.top_p, max_new_tokens=s.max_new_tokens,
+                                 n=self.spec.group_size, stop=list(s.stop))
+
+    def request_lease(self, peer_id: str, req: pb.LeaseRequest) -> pb.LeaseReply:
+        """Grant a lease, or say why not (`banned`, `job_done`, `busy` with a retry hint).
+
+        The clock is read once, before the gate; from the ban check to the issued lease nothing
+        else runs under the gate that a ban takes too.
+        """
+        now = self.now_ms()
+        with self.gate:
+            self.bans.expire(now)
+            if peer_id in self.banned:
+                return pb.LeaseReply(reason=adm.BANNED)
+            if self.done():
+                return pb.LeaseReply(reason="job_done")
+            self._expire_leases(now)
+            if self.ledger.count_pending(self.job_id) >= BACKLOG_BATCHES * self.spec.batch_groups:
+                # Backpressure: more rollouts would only go stale before a step could use them.
+                return pb.LeaseReply(reason="busy", retry_after_ms=1000)
+            n = max(1, min(req.max_prompts or self.spec.prompts_per_lease, self.spec.prompts_per_lease))
+            lease = self.leases.issue(peer_id, n, self.version(), self.sampling(), now)
+            self.ledger.add_lease(lease)
+            return pb.LeaseReply(lease=lease)
+
+    def expire_leases(self) -> None:
+        """Close the leases past their deadline; their unanswered prompts go back to the queue."""
+        now = self.now_ms()
+        with self.gate:
+            self._expire_leases(now)
+
+    def _expire_leases(self, now: int) -> None:
+        for lease_id in self.leases.expire(now):
+            self.ledger.close_lease(lease_id)
+
+    # ---- admission
+    def admit(self, envelope: pb.Signed, max_bytes: int) -> pb.BatchReceipt:
+        """Verify and admit one signed rollout batch; every refusal is counted with its reason.
+        Admitted groups are in the ledger (durable) before the receipt is returned."""
+        batch_id = signing.envelope_id(envelope)
+        signer = signing.signer_id(envelope) if len(envelope.public_key) == 32 else "unknown"
+        if envelope.ByteSize() > max_bytes:
+            return self._refuse(batch_id, signer, adm.OVERSIZED, 1)
+        try:
+            batch, signer = signing.open_signed(envelope, signing.ROLLOUT_BATCH, pb.RolloutBatch)
+        except signing.SignatureError as exc:
+            with self.gate:
+                holder = self._private_lease_holder(envelope, signer)
+                if holder:
+                    forged = pb.RolloutBatch.FromString(envelope.body)
+                    self._strike(holder, BAD_SIGNATURE_ON_OWN_LEASE, forged.lease_id, count=max(1, len(forged.groups)))
+                return self._refuse(batch_id, signer, exc.reason, 1)
+        now = self.now_ms()
+        with self.gate:
+            self.bans.expire(now)
+            lease = self.leases.get(batch.lease_id) or self.ledger.lease(batch.lease_id)
+            reason = adm.check_batch_envelope(
+                batch, signer, lease, now_ms=now, batch_seen=self.ledger.batch_seen(batch_id), banned=self.banned
+            )
+            if reason:
+                if is_attributable(reason):
+                    self._strike(signer, reason, batch.lease_id, count=max(1, len(batch.groups)))
+                return self._refuse(batch_id, signer, reason, max(1, len(batch.groups)))
+            assert lease is not None
+            return self._admit_groups(batch_id, envelope, batch, lease, now)
+
+    def _admit_groups(self, batch_id: str, envelope: pb.Signed, batch: pb.RolloutBatch, lease: pb.Lease,
+                      now: int) -> pb.BatchReceipt:
+        expected = {i: self.prompt_ids(i) for i in lease.prompt_indices}
+        taken = self.ledger.admitted_indices(self.job_id) & set(expected)
+        verdicts, admitted = [], []
+        version = self.version()
+        for g in batch.groups:
+            reason = adm.check_group(g, lease, current_version=version, expected_prompt_ids=expected,
+                                     already_admitted=taken, lim=self.limits)
+            verdicts.append(pb.GroupVerdict(prompt_index=g.prompt_index, admitted=not reason, reason=reason))
+            if reason:
+                self._count_rejection(signer=batch.peer_id, reason=reason)
+            else:
+                admitted.append(g)
+                taken.add(g.prompt_index)
+        self.ledger.admit(batch_id, batch, envelope, admitted, now)  # durable before the receipt
+        if admitted and self.leases.record_answers(lease.lease_id, [g.prompt_index for g in admitted]):
+            self.ledger.close_lease(lease.lease_id)
+        blamed = [v.reason for v in verdicts if is_attributable(v.reason)]
+        if blamed:
+            self._strike(batch.peer_id, blamed[-1], lease.lease_id, count=len(blamed))
+        return pb.BatchReceipt(batch_id=batch_id, accepted=True, groups=verdicts)
+
+    def _private_lease_holder(self, envelope: pb.Signed, named: str) -> str:
+        """The peer a batch with a bad signature can be pinned on, or "": the body names an open
+        lease of the very peer whose public key the envelope carries, and no batch answering that
+        lease was recorded yet (SampleAdmitted never showed its id), so only that peer knew it."""
+        try:
+            lease_id = pb.RolloutBatch.FromString(envelope.body).lease_id
+        except Exception:  # noqa: BLE001 - garbage: nothing to pin
+            return ""
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.peer_id != named or self.ledger.lease_exposed(lease_id):
+            return ""
+        return named
+
+    def _refuse(self, batch_id: str, signer: str, reason: str, groups: int) -> pb.BatchReceipt:
+        self._count_rejection(signer=signer, reason=reason, count=groups)
+        return pb.BatchReceipt(batch_id=batch_id, accepted=False, reason=reason)
+
+    def _count_rejection(self, *, signer: str, reason: str, count: int = 1) -> None:
+        self.ledger.reject(self.job_id, signer, reason, self.now_ms(), count)
+        self.rejections_since_step += count
+
+    # ---- strikes and bans (the record: bans.BanBook; the consequences: here)
+    def _strike(self, peer_id: str, reason: str, lease_id: str = "", count: int = 1) -> None:
+        """`count` attributable admission failures (provably wrong signed groups, or a forged
+        batch on the peer's private lease); STRIKES_TO_BAN of them ban the peer. The peer's lease
+        it answered is revoked (its prompts go back to the queue at once)."""
+        with self.gate:
+            open_leases = self.leases.open_of(peer_id)
+            self._revoke(open_leases if not lease_id else [lease_id] if lease_id in open_leases else [])
+            if self.bans.strike(peer_id, count):
+                self.ban(peer_id, f"admission: {self.strikes[peer_id]} attributable failures, last {reason}")
+
+    def ban(self, peer_id: str, reason: str, duration_ms: int = BAN_MS) -> int:
+        """Ban `peer_id` from the job (no leases, batches refused), revoke its open leases (their
+        prompts go back to the queue) and drop its untrained groups. Returns how many groups were
+        dropped. Durable (ledger): a restart keeps the ban."""
+        now = self.now_ms()
+        with self.gate:
+            reason = self.bans.add(peer_id, reason, now, duration_ms)
+            self._revoke(self.leases.open_of(peer_id))
+            dropped = self.ledger.drop_peer(self.job_id, peer_id, note=f"banned: {reason}"[:200])
+        log.warning("job %s: banned %s (%s), dropped %d groups", self.job_id, peer_id, reason, dropped)
+        return dropped
+
+    def _revoke(self, lease_ids: list[str]) -> None:
+        for lease_id in self.leases.revoke(lease_ids):
+            self.ledger.close_lease(lease_id)
+
+    def lift_ban(self, peer_id: str) -> None:
+        """End a ban now and clear the peer's strikes (its history stays in the ledger)."""
+        with self.gate:
+            self.bans.lift(peer_id)
+
+    def apply_verdicts(self, validator_id: str, report: pb.VerdictReport) -> list[str]:
+        """Record a trusted validator's verdicts; ban peers with a failed banning check. Returns
+        the newly banned peers."""
+        self.ledger.add_verdicts(self.job_id, validator_id, report.verdicts, self.now_ms())
+        newly = []
+        for v in report.verdicts:
+            if not v.passed and v.check in BANNING_CHECKS and v.peer_id not in self.banned:
+                self.ban(v.peer_id, f"{v.check}: {v.detail}")
+                newly.append(v.peer_id)
+        return newly
+
+    def take_rejections(self) -> int:
+        """Groups rejected since the last call (for the step's metrics row)."""
+        with self.gate:
+            n, self.rejections_since_step = self.rejections_since_step, 0
+        return n

@@ -1,0 +1,76 @@
+"""What `swarmrl status` shows of one job: a `JobStatus` built from the job's ledger and head."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from swarmrl.protocol.pb import swarm_pb2 as pb
+
+if TYPE_CHECKING:
+    from swarmrl.node.trainer.job import JobRuntime
+
+CORE_FIELDS = ("step", "policy_version", "reward_mean", "groups_trained", "groups_rejected", "staleness_mean",
+               "loss", "seconds")
+
+
+def job_status(job: JobRuntime, history: int) -> pb.JobStatus:
+    """The job's status with its last `history` step rows (0: none)."""
+    ledger, job_id = job.ledger, job.job_id
+    counts = ledger.group_counts(job_id)
+    checked, failed = ledger.verdict_counts(job_id)
+    st = pb.JobStatus(
+        job_id=job_id, state="done" if job.done else "running", policy_version=job.version,
+        step=job.version, total_steps=job.spec.steps, adapter_hash=job.head_hash,
+        groups_admitted=sum(counts.values()), groups_dropped=counts.get("dropped", 0),
+        validator_checked=checked, validator_failed=failed, trainer_id=job.identity.peer_id,
+        groups_dropped_banned=ledger.dropped_banned(job_id),
+        groups_on_probation=job.groups_on_probation(),
+        spec_json=job.spec.canonical_json(),
+        adapter_bytes=sum(t.numel() * 4 for t in job.head_state.values()),
+    )
+    with job.lock:
+        st.upload_bytes.update(job.upload_bytes)
+    st.delta_bytes.extend(job.store.delta_sizes(job.version))
+    if job.cotraining is not None:
+        job.cotraining.swarm.fill_status(st)
+    st.groups_rejected.update(ledger.rejection_counts(job_id))
+    st.peers.extend(peer_infos(job))
+    for row in ledger.steps(job_id)[-history:] if history else []:
+        st.history.append(step_metrics(row))
+    return st
+
+
+def peer_infos(job: JobRuntime) -> list[pb.PeerInfo]:
+    """Per-peer figures; reputation = (passed + 1) / (verdicts + 2) over the verdicts received
+    (the validator's Laplace score, without its soft flags)."""
+    ledger, job_id, bans = job.ledger, job.job_id, job.admission.bans
+    rejected = ledger.peer_rejections(job_id)
+    states = ledger.peer_state_counts(job_id)
+    admitted = {p: sum(by_state.values()) for p, by_state in states.items()}
+    verdicts = ledger.peer_verdict_counts(job_id)
+    first = ledger.peer_first_seen(job_id)
+    ids = sorted((set(admitted) | set(rejected) | set(bans.banned)) - {"unknown"})
+    out = []
+    for p in ids:
+        checked, failed = verdicts.get(p, (0, 0))
+        out.append(pb.PeerInfo(
+            peer_id=p, groups_admitted=admitted.get(p, 0), groups_rejected=sum(rejected.get(p, {}).values()),
+            reputation=(checked - failed + 1) / (checked + 2), banned=p in bans.banned,
+            ban_reason=bans.banned.get(p, ""), banned_at_ms=bans.banned_at.get(p, 0), first_seen_ms=first.get(p, 0),
+            groups_trained=states.get(p, {}).get("trained", 0), groups_dropped=states.get(p, {}).get("dropped", 0),
+            rejected_by_reason=dict(rejected.get(p, {})), verdicts_checked=checked, verdicts_failed=failed,
+            strikes=bans.strikes.get(p, 0)))
+    return out
+
+
+def step_metrics(row: dict[str, float]) -> pb.StepMetrics:
+    """One metrics row (ledger) as the wire's StepMetrics; fields beyond the core go to `extra`."""
+    m = pb.StepMetrics(
+        step=int(row["step"]), policy_version=int(row["policy_version"]), reward_mean=row["reward_mean"],
+        groups_trained=int(row.get("groups_trained", row.get("groups_admitted", 0))),  # older ledgers
+        groups_rejected=int(row["groups_rejected"]),
+        staleness_mean=row["staleness_mean"], loss=row["loss"], seconds=row["seconds"],
+    )
+    m.extra.update({k: float(v) for k, v in row.items() if k not in CORE_FIELDS and not math.isnan(float(v))})
+    return m
