@@ -5,7 +5,7 @@ bans: a failed banning check from a trusted validator at once, or STRIKES_TO_BAN
 admission failures). Bans and strikes are durable (the trainer's ledger), so a trainer restart
 neither lifts a ban nor hands a cheater fresh strikes; a ban ends when it expires (`until_ms`)
 or is lifted, which also clears the peer's strikes. What a ban does to the job (leases revoked,
-untrained groups dropped) is the job's business (`job.JobRuntime.ban`); this book only keeps
+untrained groups dropped) is the job's business (`admission.Admission.ban`); this book only keeps
 the record.
 """
 

@@ -89,6 +89,12 @@ class Learner:
 
     The LoRA initialisation is seeded by the job seed, so every trainer of a job starts from the
     same adapter (version 0).
+
+    The model stays in eval mode, for the loss's forward pass too: LoRA dropout (`lora.dropout`)
+    never enters a score. The importance ratio pi_theta / pi_behaviour must compare the function
+    the sampler ran (workers and validators score with dropout off); with dropout in the loss's
+    pass an on-policy ratio would not be 1 and log-probs would not be reproducible
+    (tests/unit/test_learner_dropout.py). `lora.dropout` is kept in the exported adapter config.
     """
 
     def __init__(self, model_path: Path, spec: JobSpec, *, share_prompts: bool = True) -> None:
@@ -102,6 +108,7 @@ class Learner:
         cfg = lora_config(spec.lora.rank, spec.lora.alpha, spec.lora.dropout, spec.lora.target_modules)
         model = get_peft_model(base, cfg)
         assert isinstance(model, PeftModel)
+        model.eval()   # peft's new LoRA modules start in training mode: dropout off (class docstring)
         self.model = model
         self.params = [p for p in model.parameters() if p.requires_grad]
         for p in self.params:
@@ -140,8 +147,7 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         if not batch.completion_ids:
             return 0.0, {"tokens": 0.0}
-        self.model.train()
-        logprobs_BT, mask_BT = self.completion_logprobs(batch)
+        logprobs_BT, mask_BT = self.completion_logprobs(batch)   # eval mode: LoRA dropout off (class doc)
         mask_BT = mask_BT & batch.mask_BT
         ref_BT = None
         if self.spec.loss.kl_beta > 0:
@@ -153,7 +159,6 @@ class Learner:
         )
         loss.backward()
         metrics.update(logprob_drift(logprobs_BT.detach(), batch.old_logprobs_BT, mask_BT))
-        self.model.eval()
         return float(loss.detach()), metrics
 
     def grads(self) -> list[torch.Tensor]:
