@@ -19,7 +19,7 @@ Policy (the constants below):
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from swarmrl.node.sqlite_store import connect
@@ -66,6 +66,9 @@ class PeerRecord:
 
     def banned(self, now_ms: int) -> bool:
         return self.banned_until_ms is not None and now_ms < self.banned_until_ms
+
+
+_PEER_COLUMNS = tuple(f.name for f in fields(PeerRecord) if f.name != "failures")  # the peers table's
 
 
 class Reputation:
@@ -140,14 +143,12 @@ class Reputation:
     def peer(self, peer_id: str) -> PeerRecord | None:
         """The peer's record, or None if never seen."""
         with self._lock:
-            row = self._db.execute(
-                "SELECT peer_id, checked, passed, failed, soft_flags, first_seen_ms, last_seen_ms, last_failure_ms,"
-                " banned_until_ms, ban_reason, bans FROM peers WHERE peer_id = ?", (peer_id,)
-            ).fetchone()
+            row = self._db.execute(f"SELECT {', '.join(_PEER_COLUMNS)} FROM peers WHERE peer_id = ?",
+                                   (peer_id,)).fetchone()
             if row is None:
                 return None
             fails = dict(self._db.execute("SELECT checkname, n FROM failures WHERE peer_id = ?", (peer_id,)).fetchall())
-        return PeerRecord(*row, failures=fails)
+        return PeerRecord(**dict(zip(_PEER_COLUMNS, row, strict=True)), failures=fails)
 
     def peers(self) -> list[PeerRecord]:
         """Every known peer, most recently seen first."""

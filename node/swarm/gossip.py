@@ -71,7 +71,8 @@ class UpdateCache:
 
     def get(self, job_id: str, version: int, snapshot: bool) -> ReceivedUpdate | None:
         with self._lock:
-            return self._items.get(job_id, {}).get(snapshot, {}).get(version)
+            held = self._items.get(job_id, {}).get(snapshot)
+            return held.get(version) if held is not None else None
 
     def held(self, job_id: str) -> list[pb.HeldUpdate]:
         with self._lock:

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from swarmrl.node.sqlite_store import connect
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -79,7 +80,7 @@ class Ledger:
                 raise
             self._db.execute("COMMIT")
 
-    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
@@ -154,7 +155,7 @@ class Ledger:
         )
         return [PendingGroup(r, p, pb.Group.FromString(g)) for r, p, g in rows]
 
-    def _pending_filter(self, job_id: str, held_after_ms: int | None) -> tuple[str, tuple]:
+    def _pending_filter(self, job_id: str, held_after_ms: int | None) -> tuple[str, tuple[Any, ...]]:
         if held_after_ms is None:
             return "g.job_id = ? AND g.state = 'pending'", (job_id,)
         return f"g.job_id = ? AND g.state = 'pending' AND {self._TRAINABLE}", (job_id, held_after_ms)
@@ -220,11 +221,11 @@ class Ledger:
         rows = self._query("SELECT reason, COUNT(*) FROM rejections WHERE job_id = ? GROUP BY reason", (job_id,))
         return Counter({r: n for r, n in rows})
 
-    def record_step(self, job_id: str, step: int, metrics: dict) -> None:
+    def record_step(self, job_id: str, step: int, metrics: dict[str, Any]) -> None:
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", (job_id, step, json.dumps(metrics)))
 
-    def steps(self, job_id: str) -> list[dict]:
+    def steps(self, job_id: str) -> list[dict[str, Any]]:
         return [json.loads(m) for (m,) in self._query("SELECT metrics FROM steps WHERE job_id = ? ORDER BY step", (job_id,))]
 
     def add_verdicts(self, job_id: str, validator_id: str, verdicts: Iterable[pb.Verdict], now_ms: int) -> None:

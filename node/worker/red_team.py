@@ -32,6 +32,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -164,7 +165,7 @@ def reassign(groups: Sequence[pb.Group], lease: pb.Lease) -> list[pb.Group]:
 def admitted_groups(admitted: Sequence[pb.AdmittedBatch], exclude_peer: str = "") -> list[pb.Group]:
     """The admitted groups in `admitted`, except those signed by `exclude_peer` (batch bodies read
     without verification: a copying or replaying worker does not care who signed them)."""
-    out = []
+    out: list[pb.Group] = []
     for a in admitted:
         try:
             batch = pb.RolloutBatch.FromString(a.batch.body)
@@ -192,7 +193,7 @@ class RedTeamStats:
     first_submit_ms: int | None = None
     last_reasons: list[str] = field(default_factory=list)
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         return {"mode": self.mode, "submitted_groups": self.submitted_groups,
                 "submitted_batches": self.submitted_batches, "admitted_groups": self.admitted_groups,
                 "first_submit_ms": self.first_submit_ms, "last_reasons": self.last_reasons[-5:]}
@@ -211,7 +212,7 @@ class RedTeam:
         self._cursor: dict[str, int] = {}         # copycat, replay: SampleAdmitted cursor per job
         self._pool: list[pb.Group] = []           # copycat: foreign groups to copy
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
         return self.stats.report()
 
     def work_once(self, session: JobSession) -> RoundResult | None:

@@ -113,7 +113,7 @@ class JobSession:
     def request_lease(self) -> pb.Lease | None:
         req = pb.LeaseRequest(job_id=self.job_id, max_prompts=self.max_prompts,
                               adapter_version=max(self.replica.version, 0), created_ms=int(time.time() * 1000))
-        reply = self.stub.RequestLease(signing.sign(self.identity, signing.LEASE_REQUEST, req), timeout=30)
+        reply: pb.LeaseReply = self.stub.RequestLease(signing.sign(self.identity, signing.LEASE_REQUEST, req), timeout=30)
         if not reply.HasField("lease"):
             self.last_refusal = reply.reason
             return None
