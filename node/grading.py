@@ -18,7 +18,6 @@ list[float | None]`, where each column is one info key transposed across the bat
 from __future__ import annotations
 
 import importlib
-import inspect
 import itertools
 import json
 import math
@@ -382,8 +381,7 @@ def _load_environment(name: str, version: str, factory: str | None) -> Any:
         return obj() if callable(obj) and not hasattr(obj, "reward_funcs") else obj
     from swarmrl.protocol.envs import get_environment
 
-    takes_version = len(inspect.signature(get_environment).parameters) >= 2
-    env = get_environment(name, version) if takes_version else get_environment(name)
+    env = get_environment(name, version)
     installed = getattr(env, "version", None)
     if installed is not None and str(installed) != version:
         raise ValueError(f"environment {name} is version {installed}, not {version}")
