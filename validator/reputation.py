@@ -65,6 +65,7 @@ class PeerRecord:
         return (self.passed + 1) / (self.checked + self.soft_flags + 2)
 
     def banned(self, now_ms: int) -> bool:
+        """True while a ban runs at unix ms `now_ms` (`banned_until_ms` not yet reached)."""
         return self.banned_until_ms is not None and now_ms < self.banned_until_ms
 
 
@@ -79,6 +80,7 @@ class Reputation:
         self._lock = threading.Lock()
 
     def close(self) -> None:
+        """Close the database connection; the store is unusable afterwards."""
         with self._lock:
             self._db.close()
 
@@ -137,6 +139,7 @@ class Reputation:
             self._db.execute("UPDATE peers SET banned_until_ms = NULL WHERE peer_id = ?", (peer_id,))
 
     def is_banned(self, peer_id: str, now_ms: int) -> bool:
+        """True if the peer is known and banned at unix ms `now_ms`."""
         rec = self.peer(peer_id)
         return rec is not None and rec.banned(now_ms)
 

@@ -24,25 +24,23 @@ FinishReason = Literal["stop", "length"]
 
 
 class LoraShape(Protocol):
-    """The engine-neutral shape of a LoRA adapter (e.g. `protocol.jobspec.LoraSpec`, frozen).
-
-    rank: r of the A [r, in] and B [out, r] matrices, >= 1.
-    alpha: scaling numerator (the update is `alpha / rank * B @ A`), >= 1.
-    dropout: LoRA dropout probability in [0, 1).
-    target_modules: "all-linear" (every linear layer but the output head) or module names.
-    """
+    """The engine-neutral shape of a LoRA adapter (e.g. `protocol.jobspec.LoraSpec`, frozen)."""
 
     @property
-    def rank(self) -> int: ...
+    def rank(self) -> int:
+        """r of the A [r, in] and B [out, r] matrices, >= 1."""
 
     @property
-    def alpha(self) -> int: ...
+    def alpha(self) -> int:
+        """Scaling numerator, >= 1: the weight update is `alpha / rank * B @ A`."""
 
     @property
-    def dropout(self) -> float: ...
+    def dropout(self) -> float:
+        """LoRA dropout probability, in [0, 1)."""
 
     @property
-    def target_modules(self) -> str | tuple[str, ...]: ...
+    def target_modules(self) -> str | tuple[str, ...]:
+        """Either "all-linear" (every linear layer but the output head) or the adapted modules' names."""
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,9 @@ class ZeroSafeReducer(TensorPartReducer):
     """hivemind's reducer, except that a part nobody gave weight to averages to zeros."""
 
     def check_current_part_finished(self) -> None:
+        """Once every sender's share of the current part is in, resolve it: the weighted sum over
+        the total weight, or zeros when the total weight is 0 (where hivemind divides 0 by 0: NaN).
+        """
         assert self.current_part_accumulated_from <= self.num_current_senders
         if self.current_part_accumulated_from == self.num_current_senders:
             total = self.accumulator.div_(self.denominator) if self.denominator > 0 else self.accumulator.zero_()
@@ -271,9 +274,11 @@ class GradientAveraging:
 
     @staticmethod
     def bits(version: int) -> str:
+        """`version` modulo 2**VERSION_BITS as a zero-padded binary string (its matchmaking group bits)."""
         return format(version % (1 << VERSION_BITS), f"0{VERSION_BITS}b")
 
     def group_key(self, version: int) -> str:
+        """The DHT key where averagers matchmaking for `version` meet."""
         return f"{self.prefix}.0b{self.bits(version)}"
 
     def peer_round_open(self, version: int) -> bool:
@@ -344,6 +349,7 @@ class GradientAveraging:
         return metadata, list(tensors)
 
     def shutdown(self) -> None:
+        """Stop the averager's process (best effort, never raises)."""
         with contextlib.suppress(Exception):
             self.averager.shutdown()
 

@@ -59,6 +59,8 @@ class SyncStats:
     held_at: dict[int, float] = field(default_factory=dict)   # version -> unix seconds
 
     def report(self) -> dict[str, Any]:
+        """The counters as a JSON-ready dict: dropped peers sorted, `held_at` as version string ->
+        unix seconds (rounded to ms)."""
         return {"bytes_from_peers": self.bytes_from_peers, "bytes_from_trainer": self.bytes_from_trainer,
                 "wasted_bytes": self.wasted_bytes, "peer_updates": self.peer_updates,
                 "trainer_updates": self.trainer_updates, "snapshots": self.snapshots,
@@ -88,6 +90,7 @@ class CatchUp:
 
     @property
     def job_id(self) -> str:
+        """The job whose adapter the replica holds."""
         return self.replica.job_id
 
     def held(self) -> tuple[ad.State | None, int]:

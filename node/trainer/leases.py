@@ -64,10 +64,12 @@ class LeaseBook:
             return lease
 
     def get(self, lease_id: str) -> pb.Lease | None:
+        """The open lease `lease_id`, or None if unknown, answered or expired."""
         with self._lock:
             return self._open.get(lease_id)
 
     def answered(self, lease_id: str) -> set[int]:
+        """A copy of the prompt indices of the lease already admitted (empty if unknown)."""
         with self._lock:
             return set(self._answered.get(lease_id, ()))
 

@@ -194,6 +194,7 @@ class RedTeamStats:
     last_reasons: list[str] = field(default_factory=list)
 
     def report(self) -> dict[str, Any]:
+        """The counters as a JSON-ready dict (the last five rejection reasons only)."""
         return {"mode": self.mode, "submitted_groups": self.submitted_groups,
                 "submitted_batches": self.submitted_batches, "admitted_groups": self.admitted_groups,
                 "first_submit_ms": self.first_submit_ms, "last_reasons": self.last_reasons[-5:]}
@@ -213,6 +214,7 @@ class RedTeam:
         self._pool: list[pb.Group] = []           # copycat: foreign groups to copy
 
     def report(self) -> dict[str, Any]:
+        """What this adversary did so far (`RedTeamStats.report`), for the drill's summary."""
         return self.stats.report()
 
     def work_once(self, session: JobSession) -> RoundResult | None:
@@ -264,6 +266,14 @@ class RedTeam:
 
     # ---- generate (honest, or the mode's replacement)
     def generate(self, session: JobSession, prompts: list[PromptSpec], lease: pb.Lease) -> list[pb.Group]:
+        """The lease's groups as this mode makes them, graded (the grades are honest).
+
+        random_tokens: uniform non-special tokens; base_model_only: sampled with the adapter off;
+        stale_version: sampled with an adapter `STALE_LAG` versions old, claiming the lease's;
+        prompt_swap: answers to an easier prompt under the lease's indices; copycat: other workers'
+        admitted groups relabelled (honest groups while none are at hand). Every other mode
+        generates honestly and cheats afterwards (`doctor_groups`, signing or submitting).
+        """
         if self.mode == RANDOM_TOKENS:
             return self._random_groups(session, prompts, lease)
         if self.mode == BASE_MODEL_ONLY:
@@ -353,6 +363,9 @@ class RedTeam:
 
     # ---- doctor the graded groups
     def doctor_groups(self, session: JobSession, groups: list[pb.Group]) -> None:
+        """Alter graded groups in place for the modes that lie about numbers: inflated_reward
+        (every reward set to the environment's maximum), fabricated_logprobs, nan_logprobs.
+        """
         if self.mode == INFLATED_REWARD:
             inflate_rewards(groups, float(session.env.reward_range[1]))
         elif self.mode == FABRICATED_LOGPROBS:
