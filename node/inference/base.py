@@ -143,6 +143,13 @@ class InferenceBackend(ABC):
         """
 
     @abstractmethod
+    def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
+        """A copy of slot `name`'s LoRA tensors, keyed as `set_adapter` takes them (a fresh slot's
+        B matrices are zero; e.g. the starting adapter of a job's LoRA shape), in the slot's dtype.
+        Raises KeyError if there is no such slot.
+        """
+
+    @abstractmethod
     def remove_adapter(self, name: str) -> None:
         """Free slot `name`. Raises KeyError if there is no such slot."""
 
