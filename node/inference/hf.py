@@ -356,7 +356,8 @@ def _first_stop(tokenizer: Any, tokens: list[int], stops: tuple[str, ...]) -> in
 
 def _shape(config: peft.LoraConfig) -> tuple[Any, ...]:
     targets = config.target_modules
-    return (config.r, config.lora_alpha, config.lora_dropout, targets if isinstance(targets, str) else frozenset(targets or ()))
+    key = targets if isinstance(targets, str) else frozenset(targets or ())
+    return (config.r, config.lora_alpha, config.lora_dropout, key)
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer: Any) -> frozenset[int]:
