@@ -24,7 +24,7 @@ test: $(STAMP)
 	bash scripts/run_tests.sh $(ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check swarmrl node protocol validator simulations tests benchmarks
+	bash scripts/check.sh
 
 proto: $(STAMP)
 	bash scripts/gen_proto.sh

@@ -19,6 +19,7 @@ from swarmrl.node.inference.base import InferenceBackend, Sampling
 from swarmrl.node.models import encode_prompt, prepare_base_model, resolve_model_name
 from swarmrl.protocol.envs import get_environment, heldout_prompts
 from swarmrl.protocol.envs.base import Environment, PromptSpec
+from swarmrl.protocol.jobspec import LoraSpec
 
 EVAL_ADAPTER = "heldout-eval"
 BATCH = 16
@@ -57,7 +58,12 @@ def run_eval(adapter_dir: Path, *, model: str | None = None, n: int = 200, cache
     name = resolve_model_name(model or config.base_model_name_or_path)
     backend = build_backend("hf", prepare_base_model(name, cache_dir))
     state = {k: v.float() for k, v in load_file(str(adapter_dir / "adapter_model.safetensors")).items()}
-    backend.set_adapter(EVAL_ADAPTER, state, lora_config=config)
+    targets = config.target_modules
+    backend.add_slot(EVAL_ADAPTER, LoraSpec(
+        rank=config.r, alpha=config.lora_alpha, dropout=config.lora_dropout,
+        target_modules=targets if isinstance(targets, str) else tuple(sorted(targets or ())),
+    ))
+    backend.set_adapter(EVAL_ADAPTER, state)
     env = get_environment("arithmetic", "1")
     prompts = heldout_prompts(env, n, seed)
     base = evaluate(backend, env, prompts, None, max_new_tokens)

@@ -18,7 +18,6 @@ list[float | None]`, where each column is one info key transposed across the bat
 from __future__ import annotations
 
 import importlib
-import inspect
 import itertools
 import json
 import math
@@ -104,7 +103,7 @@ class GradingPool:
         n = len(completions)
         if n == 0:
             return []
-        values = [[None] * n for _ in self.reward_names]  # [F][N]
+        values: list[list[float | None]] = [[None] * n for _ in self.reward_names]  # [F][N]
         errors: list[list[str]] = [[] for _ in range(n)]
         chunks = _chunks(n, len(self._workers))
         tasks = deque((f, lo, hi) for f in range(len(self.reward_names)) for lo, hi in chunks)
@@ -137,7 +136,7 @@ class GradingPool:
 
         outcome is ("ok", values) or (kind, message) for a failed call.
         """
-        idle, busy = list(self._workers), {}
+        idle, busy = list(self._workers), dict[_Worker, tuple[Task, float]]()  # worker -> (task, deadline)
         while tasks or busy:
             while idle and tasks:
                 f, lo, hi = task = tasks.popleft()
@@ -176,7 +175,7 @@ class GradingPool:
         self._workers[self._workers.index(worker)] = fresh
         return fresh
 
-    def _record(self, f: int, lo: int, hi: int, outcome: tuple, values: list[list], errors: list[list[str]]) -> None:
+    def _record(self, f: int, lo: int, hi: int, outcome: tuple[str, Any], values: list[list[float | None]], errors: list[list[str]]) -> None:
         name = self.reward_names[f]
         kind, payload = outcome
         if kind == "ok" and (not isinstance(payload, list) or len(payload) != hi - lo):
@@ -194,7 +193,7 @@ class GradingPool:
                 self.failures[kind] += 1
                 errors[i].append(f"{name}: {error}")
 
-    def _grade_one(self, i: int, values: list[list], errors: list[str]) -> Grade:
+    def _grade_one(self, i: int, values: list[list[float | None]], errors: list[str]) -> Grade:
         rewards = tuple(values[f][i] for f in range(len(self.reward_names)))
         if errors:
             return Grade(reward=None, rewards=rewards, error="; ".join(errors))
@@ -243,7 +242,7 @@ def _chunks(n: int, parts: int) -> list[tuple[int, int]]:
 class _Worker:
     """Parent-side handle of one worker process and its two pipes."""
 
-    def __init__(self, proc: subprocess.Popen, conn_in: Connection, conn_out: Connection) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], conn_in: Connection, conn_out: Connection) -> None:
         self.proc, self.conn_in, self.conn_out = proc, conn_in, conn_out
         self.names: tuple[str, ...] = ()
         self.weights: tuple[float, ...] = ()
@@ -382,8 +381,7 @@ def _load_environment(name: str, version: str, factory: str | None) -> Any:
         return obj() if callable(obj) and not hasattr(obj, "reward_funcs") else obj
     from swarmrl.protocol.envs import get_environment
 
-    takes_version = len(inspect.signature(get_environment).parameters) >= 2
-    env = get_environment(name, version) if takes_version else get_environment(name)
+    env = get_environment(name, version)
     installed = getattr(env, "version", None)
     if installed is not None and str(installed) != version:
         raise ValueError(f"environment {name} is version {installed}, not {version}")

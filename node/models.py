@@ -26,9 +26,9 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import peft
 import torch
@@ -294,7 +294,8 @@ def _build_gemma(folder: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(gguf_dir, gguf_file=gguf_path.name)
         model = AutoModelForCausalLM.from_pretrained(gguf_dir, gguf_file=gguf_path.name, dtype=torch.float32)
     _drop_quantization(model)
-    model = model.to(torch.bfloat16)
+    # transformers wraps PreTrainedModel.to in a decorator whose annotation drops `self`
+    model = model.to(torch.bfloat16)  # type: ignore[arg-type]
     model.config.dtype = torch.bfloat16
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
@@ -444,7 +445,7 @@ def lora_config(
     rank: int,
     alpha: int,
     dropout: float = 0.0,
-    target_modules: str | list[str] = "all-linear",
+    target_modules: str | Sequence[str] = "all-linear",
 ) -> peft.LoraConfig:
     """A causal-LM LoRA config; "all-linear" means every linear layer except the output head.
 
@@ -469,6 +470,6 @@ def lora_config(
 
 def vocab_size(model: PreTrainedModel) -> int:
     """Token ids accepted by the model: `0 <= id < vocab_size(model)` (embedding and lm_head)."""
-    rows = model.get_input_embeddings().num_embeddings
+    rows = cast(torch.nn.Embedding, model.get_input_embeddings()).num_embeddings
     head = model.get_output_embeddings()
-    return min(rows, head.out_features) if head is not None else rows
+    return min(rows, int(head.out_features)) if head is not None else rows

@@ -95,6 +95,7 @@ class AdapterReplica:
 
     @property
     def trainer_id(self) -> str:
+        """Peer id of the trainer whose signature the replica's updates must carry."""
         return peer_id_from_public_key(self.trainer_public_key)
 
     def apply(self, update: ReceivedUpdate) -> None:

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Run the test suite. Where we may (root + unshare), tests run in a private network namespace
-# with only loopback up, so no test can send a packet anywhere else.
+# Run the static checks (scripts/check.sh: ruff, mypy, import contracts), then the test suite.
+# Where we may (root + unshare), tests run in a private network namespace with only loopback up,
+# so no test can send a packet anywhere else.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=.venv/bin/python
+bash scripts/check.sh
 export SWARMRL_CACHE=${SWARMRL_CACHE:-$PWD/.cache/swarmrl}
 # Everything by default, the red-team drill included (~2 min); for a quick loop skip it with
 # make test ARGS='-m "not slow"'.

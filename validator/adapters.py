@@ -59,6 +59,9 @@ class InMemoryAdapters(AdapterSource):
         self._states = {int(v): ad.clone_state(s) for v, s in states.items()}
 
     def state(self, version: int) -> tuple[ad.State, bytes]:
+        """(state, adapter hash) of a held version (the held tensors, not a copy).
+
+        Raises VersionUnavailable for a version not held."""
         if version not in self._states:
             raise VersionUnavailable(self.job_id, version)
         s = self._states[version]
@@ -104,6 +107,11 @@ class TrainerAdapters(AdapterSource):
         self.cache = cache
 
     def state(self, version: int) -> tuple[ad.State, bytes]:
+        """(state, adapter hash) of `version`: from the cache, else the trainer's signed snapshot.
+
+        Raises VersionUnavailable (the trainer has no such version), ad.AdapterError (the snapshot
+        does not verify or is not the one asked for), grpc.RpcError (the trainer can't be reached).
+        """
         return self.cache.get(self.job_id, version, lambda: self._load(version))
 
     def _updates(self, req: pb.AdapterRequest) -> list[ReceivedUpdate]:

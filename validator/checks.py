@@ -65,14 +65,17 @@ class CheckResult:
 
 
 def ok(check: str, detail: str = "", soft_flags: int = 0) -> CheckResult:
+    """A passing, conclusive result of rung `check`, with the soft flags it noticed."""
     return CheckResult(True, check, detail, soft_flags=soft_flags)
 
 
 def fail(check: str, detail: str) -> CheckResult:
+    """A failing result of rung `check`; `detail` (the reason) is cut to 200 characters."""
     return CheckResult(False, check, detail[:200])
 
 
 def undecided(check: str, detail: str) -> CheckResult:
+    """A result of rung `check` that could not decide: not a failure (`conclusive` False)."""
     return CheckResult(True, check, detail[:200], conclusive=False)
 
 

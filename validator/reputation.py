@@ -19,7 +19,7 @@ Policy (the constants below):
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from swarmrl.node.sqlite_store import connect
@@ -65,7 +65,11 @@ class PeerRecord:
         return (self.passed + 1) / (self.checked + self.soft_flags + 2)
 
     def banned(self, now_ms: int) -> bool:
+        """True while a ban runs at unix ms `now_ms` (`banned_until_ms` not yet reached)."""
         return self.banned_until_ms is not None and now_ms < self.banned_until_ms
+
+
+_PEER_COLUMNS = tuple(f.name for f in fields(PeerRecord) if f.name != "failures")  # the peers table's
 
 
 class Reputation:
@@ -76,6 +80,7 @@ class Reputation:
         self._lock = threading.Lock()
 
     def close(self) -> None:
+        """Close the database connection; the store is unusable afterwards."""
         with self._lock:
             self._db.close()
 
@@ -134,20 +139,19 @@ class Reputation:
             self._db.execute("UPDATE peers SET banned_until_ms = NULL WHERE peer_id = ?", (peer_id,))
 
     def is_banned(self, peer_id: str, now_ms: int) -> bool:
+        """True if the peer is known and banned at unix ms `now_ms`."""
         rec = self.peer(peer_id)
         return rec is not None and rec.banned(now_ms)
 
     def peer(self, peer_id: str) -> PeerRecord | None:
         """The peer's record, or None if never seen."""
         with self._lock:
-            row = self._db.execute(
-                "SELECT peer_id, checked, passed, failed, soft_flags, first_seen_ms, last_seen_ms, last_failure_ms,"
-                " banned_until_ms, ban_reason, bans FROM peers WHERE peer_id = ?", (peer_id,)
-            ).fetchone()
+            row = self._db.execute(f"SELECT {', '.join(_PEER_COLUMNS)} FROM peers WHERE peer_id = ?",
+                                   (peer_id,)).fetchone()
             if row is None:
                 return None
             fails = dict(self._db.execute("SELECT checkname, n FROM failures WHERE peer_id = ?", (peer_id,)).fetchall())
-        return PeerRecord(*row, failures=fails)
+        return PeerRecord(**dict(zip(_PEER_COLUMNS, row, strict=True)), failures=fails)
 
     def peers(self) -> list[PeerRecord]:
         """Every known peer, most recently seen first."""

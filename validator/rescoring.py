@@ -22,7 +22,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from swarmrl.node.inference.scoring import completion_logprobs_chunked, shared_prompt_logprobs
+from swarmrl.node.inference.scoring import (
+    completion_logprobs_chunked,
+    shared_prompt_logprobs,
+    unwrap_causal_lm,
+)
 from swarmrl.validator.plausibility import TokenStats, token_stats
 
 MAX_TOKENS_PER_CHUNK = 16_384  # padded prompt+completion tokens per prefill (bounds activation memory)
@@ -77,7 +81,7 @@ def rescore(
 @contextmanager
 def _head_stats(model: nn.Module, temperature: float, sink: list[TokenStats]) -> Iterator[None]:
     """While active, every LM-head call appends the `TokenStats` of its logits to `sink`."""
-    causal_lm = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    causal_lm = unwrap_causal_lm(model)
     head = causal_lm.get_output_embeddings()
     softcap = getattr(causal_lm.config, "final_logit_softcapping", None)
 

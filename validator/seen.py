@@ -33,6 +33,7 @@ class SeenStore:
         self._lock = threading.Lock()
 
     def close(self) -> None:
+        """Close the database connection; the store is unusable afterwards."""
         with self._lock:
             self._db.close()
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import torch
 
 from swarmrl.node.grading import GradingError, GradingPool
-from swarmrl.node.inference.hf import HFBackend
-from swarmrl.node.models import encode_prompt, vocab_size
+from swarmrl.node.inference.base import InferenceBackend
+from swarmrl.node.models import encode_prompt
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol import signing
 from swarmrl.protocol.envs import get_environment
@@ -96,7 +96,7 @@ class Validator:
 
     def __init__(
         self,
-        backend: HFBackend,
+        backend: InferenceBackend,
         *,
         seen: SeenStore,
         reputation: Reputation,
@@ -110,7 +110,7 @@ class Validator:
         self.reputation = reputation
         self.sampling_key = sampling_key
         self.settings = settings or ValidatorSettings()
-        dtype = str(backend.model.get_base_model().get_output_embeddings().weight.dtype).removeprefix("torch.")
+        dtype = str(backend.dtype).removeprefix("torch.")
         configured = self.settings.logprob or ck.LogprobTolerance.from_mean(min(ck.HONEST_MEAN_FLOOR.values()))
         self.logprob_tolerance = configured.floored(dtype)
         if self.logprob_tolerance != self.settings.logprob:
@@ -123,7 +123,7 @@ class Validator:
         self._graders: dict[tuple[str, str], GradingPool] = {}
         self._slot_hash: dict[str, bytes] = {}
         self._prompt_ids: dict[tuple[str, int], list[int]] = {}
-        self.vocab_size = vocab_size(backend.model.get_base_model())
+        self.vocab_size = backend.vocab_size
 
     def close(self) -> None:
         """Stop the grading pools."""

@@ -13,21 +13,34 @@ exactly that quantity.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import torch
+from torch import nn
 
 FinishReason = Literal["stop", "length"]
 
 
 class LoraShape(Protocol):
-    """The engine-neutral shape of a LoRA adapter (e.g. `protocol.jobspec.LoraSpec`)."""
+    """The engine-neutral shape of a LoRA adapter (e.g. `protocol.jobspec.LoraSpec`, frozen)."""
 
-    rank: int
-    alpha: int
-    dropout: float
-    target_modules: str | tuple[str, ...]
+    @property
+    def rank(self) -> int:
+        """r of the A [r, in] and B [out, r] matrices, >= 1."""
+
+    @property
+    def alpha(self) -> int:
+        """Scaling numerator, >= 1: the weight update is `alpha / rank * B @ A`."""
+
+    @property
+    def dropout(self) -> float:
+        """LoRA dropout probability, in [0, 1)."""
+
+    @property
+    def target_modules(self) -> str | tuple[str, ...]:
+        """Either "all-linear" (every linear layer but the output head) or the adapted modules' names."""
 
 
 @dataclass(frozen=True)
@@ -87,12 +100,29 @@ class SampledCompletion:
 class InferenceBackend(ABC):
     """One base model loaded once, with named LoRA adapter slots (one per job).
 
-    `tokenizer` is the base model's tokenizer and `vocab_size` the size of the model's output
-    vocabulary (token ids are in `[0, vocab_size)`).
+    Every caller (worker, validator, `swarmrl eval`, the red-team drill) uses only what is
+    declared here. Attributes, set by the implementation's constructor:
+
+    tokenizer: the base model's tokenizer (transformers API: `decode`, `all_special_ids`, ...).
+    vocab_size: token ids the model accepts are in `[0, vocab_size)` (embedding and output head).
+    eos_token_ids: ids that end a completion with finish reason "stop": the tokenizer's EOS and
+        those of the model's generation config (Gemma lists several); never empty.
+    pad_token_id: the id batches are padded with (the tokenizer's pad token, else its smallest
+        EOS id); pass it as `pad_id` to `scoring` functions run on `activated`'s model.
+    dtype: floating dtype of the model's weights (its output head's), e.g. torch.bfloat16; it
+        bounds how closely recomputed log-probs can match the sampled ones.
     """
 
     tokenizer: Any
     vocab_size: int
+    eos_token_ids: frozenset[int]
+    pad_token_id: int
+    dtype: torch.dtype
+
+    @property
+    @abstractmethod
+    def adapters(self) -> frozenset[str]:
+        """Names of the adapter slots now loaded (made by `add_slot` or `set_adapter`)."""
 
     @abstractmethod
     def add_slot(self, name: str, lora: LoraShape) -> None:
@@ -113,6 +143,13 @@ class InferenceBackend(ABC):
         """
 
     @abstractmethod
+    def adapter_state(self, name: str) -> dict[str, torch.Tensor]:
+        """A copy of slot `name`'s LoRA tensors, keyed as `set_adapter` takes them (a fresh slot's
+        B matrices are zero; e.g. the starting adapter of a job's LoRA shape), in the slot's dtype.
+        Raises KeyError if there is no such slot.
+        """
+
+    @abstractmethod
     def remove_adapter(self, name: str) -> None:
         """Free slot `name`. Raises KeyError if there is no such slot."""
 
@@ -125,4 +162,16 @@ class InferenceBackend(ABC):
         `adapter` names a slot set with `set_adapter`; None samples from the base model.
         Raises ValueError on empty prompts, out-of-vocabulary ids and KeyError on an unknown
         adapter.
+        """
+
+    @abstractmethod
+    def activated(self, adapter: str | None) -> AbstractContextManager[nn.Module]:
+        """Context manager giving the torch causal LM that computes this backend's logits, with
+        slot `adapter` active (None: the base model, adapters off), held exclusively until exit.
+
+        The module takes `input_ids`/`attention_mask` [B, L] and returns logits [B, L, V] (a
+        transformers model, possibly under a peft wrapper with `get_base_model()`); it is what
+        `scoring.completion_logprobs` and the validator's re-scoring run one prefill on, so the
+        recomputed log-probs are those of the sampler's exact weights. Don't keep it past the
+        block. Raises KeyError on an unknown adapter.
         """

@@ -19,7 +19,7 @@ import contextlib
 import copy
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import peft
 import torch
@@ -28,6 +28,7 @@ from transformers import (
     GenerationConfig,
     LogitsProcessor,
     LogitsProcessorList,
+    PreTrainedModel,
     StoppingCriteria,
     StoppingCriteriaList,
 )
@@ -35,13 +36,14 @@ from transformers import (
 from swarmrl.node.inference.base import FinishReason, InferenceBackend, LoraShape, SampledCompletion, Sampling
 from swarmrl.node.inference.scoring import tempered_log_softmax
 from swarmrl.node.models import lora_config as make_lora_config
+from swarmrl.node.models import vocab_size as model_vocab_size
 
 TOP_P_CANDIDATES = 1024  # top-p looks at the k most likely tokens first, widening k x8 while short of mass
 PLACEHOLDER_ADAPTER = "swarmrl-placeholder"  # peft needs >= 1 adapter; this one stays all-zero, never active
 _HOOK_FLAG = "_swarmrl_contiguous_input_hook"
 
 
-def ensure_contiguous_head_input(causal_lm: nn.Module) -> None:
+def ensure_contiguous_head_input(causal_lm: PreTrainedModel) -> None:
     """Install (once) a forward pre-hook making the LM head's input contiguous.
 
     torch 2.13 CPU runs `F.linear` on a non-contiguous input with a frozen weight up to ~300x
@@ -66,18 +68,18 @@ class HFBackend(InferenceBackend):
         eval mode, replaces its generation config by a neutral one (no model-default top-k,
         repetition penalty, ...) and injects LoRA layers.
     tokenizer: its tokenizer; its pad token (else its EOS) pads batches.
-    lora_config: the default LoRA shape of adapter slots (`set_adapter(..., lora_config=...)`
-        may give a slot another one).
+    lora_config: the LoRA shape of slots that `set_adapter` creates (`add_slot` gives a slot
+        another one).
     Thread-safe: calls are serialized by a lock.
     """
 
-    def __init__(self, model: nn.Module, tokenizer: Any, lora_config: peft.LoraConfig) -> None:
+    def __init__(self, model: PreTrainedModel, tokenizer: Any, lora_config: peft.LoraConfig) -> None:
         eos_ids = _eos_ids(model, tokenizer)
         if not eos_ids:
             raise ValueError("neither the tokenizer nor the model config names an EOS token")
         self.tokenizer = tokenizer
-        self.eos_token_ids: frozenset[int] = eos_ids
-        self.pad_token_id: int = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
+        self.eos_token_ids = eos_ids
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos_ids)
         self.lora_config = lora_config
         model.eval()
         model.generation_config = GenerationConfig(
@@ -86,7 +88,8 @@ class HFBackend(InferenceBackend):
             pad_token_id=self.pad_token_id,
         )
         ensure_contiguous_head_input(model)
-        self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
+        self.vocab_size = model_vocab_size(model)
+        self.dtype = model.get_output_embeddings().weight.dtype
         self.model = peft.get_peft_model(model, copy.deepcopy(lora_config), adapter_name=PLACEHOLDER_ADAPTER)
         self.model.eval()
         self._slots: dict[str, tuple[Any, ...]] = {}  # name -> LoRA shape key
@@ -114,13 +117,10 @@ class HFBackend(InferenceBackend):
                 return
             self._create_slot(name, config)
 
-    def set_adapter(
-        self, name: str, state: dict[str, torch.Tensor], lora_config: peft.LoraConfig | None = None
-    ) -> None:
+    def set_adapter(self, name: str, state: dict[str, torch.Tensor]) -> None:
         """Load/replace slot `name` with `state` (keys as `peft.get_peft_model_state_dict` gives).
 
-        lora_config: the slot's LoRA shape if the slot doesn't exist yet (default: the
-        backend's); ignored for an existing slot.
+        A slot that doesn't exist yet is created with the backend's `lora_config`.
         Raises ValueError on a reserved name, missing/unexpected keys, wrong shapes, non-finite
         values, or values the slot's dtype can't hold exactly; the slot is then unchanged (a new
         slot is not created).
@@ -128,7 +128,7 @@ class HFBackend(InferenceBackend):
         with self._lock:
             created = name not in self._slots
             if created:
-                self._create_slot(name, lora_config or self.lora_config)
+                self._create_slot(name, self.lora_config)
             try:
                 _check_state(peft.get_peft_model_state_dict(self.model, adapter_name=name), state)
                 peft.set_peft_model_state_dict(self.model, state, adapter_name=name)
@@ -278,7 +278,8 @@ class _Sampler(LogitsProcessor):
             tokens_R = _draw(logp_RV.exp(), self.sampling.top_p, self.generator)
         self.steps.append(logp_RV.gather(-1, tokens_R[:, None])[:, 0].cpu())
         forced_RV = torch.full_like(scores, float("-inf"))
-        return forced_RV.scatter_(-1, tokens_R[:, None], 0.0)
+        # transformers annotates processors with the legacy FloatTensor; torch ops return Tensor
+        return cast(torch.FloatTensor, forced_RV.scatter_(-1, tokens_R[:, None], 0.0))
 
     def logprobs(self, steps: int) -> torch.Tensor:
         """[R, steps] float32 log-probs of the first `steps` generated tokens."""
@@ -329,7 +330,7 @@ class _StopStrings(StoppingCriteria):
             tail = self.tokenizer.decode(row[-self.window:], skip_special_tokens=True)
             if any(s in tail for s in self.stops):
                 done[r] = _first_stop(self.tokenizer, row, self.stops) is not None
-        return done
+        return cast(torch.BoolTensor, done)  # transformers' legacy annotation, as in _Sampler
 
 
 def _first_stop(tokenizer: Any, tokens: list[int], stops: tuple[str, ...]) -> int | None:
@@ -355,10 +356,11 @@ def _first_stop(tokenizer: Any, tokens: list[int], stops: tuple[str, ...]) -> in
 
 def _shape(config: peft.LoraConfig) -> tuple[Any, ...]:
     targets = config.target_modules
-    return (config.r, config.lora_alpha, config.lora_dropout, targets if isinstance(targets, str) else frozenset(targets))
+    key = targets if isinstance(targets, str) else frozenset(targets or ())
+    return (config.r, config.lora_alpha, config.lora_dropout, key)
 
 
-def _eos_ids(model: nn.Module, tokenizer: Any) -> frozenset[int]:
+def _eos_ids(model: PreTrainedModel, tokenizer: Any) -> frozenset[int]:
     """EOS ids of the tokenizer and of the model's generation config (Gemma lists several)."""
     ids: set[int] = set()
     for source in (getattr(tokenizer, "eos_token_id", None), getattr(model.generation_config, "eos_token_id", None)):

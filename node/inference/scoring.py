@@ -14,10 +14,15 @@ order: within ~2e-5 in fp32; in bf16 the logits themselves are rounded to bf16 (
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 DEFAULT_HEAD_CHUNK_TOKENS = 512  # N-chunk of the LM head + log_softmax: 512 x 262k fp32 = 0.5 GiB
 
@@ -65,7 +70,7 @@ def completion_logprobs(
     rows_N, cols_N, tokens_N, mask_BT = _completion_positions(prompt_ids_B, completion_ids_B, device)
     if tokens_N.numel() == 0:
         return torch.zeros(mask_BT.shape, dtype=torch.float32, device=device), mask_BT
-    causal_lm = _causal_lm(model)
+    causal_lm = unwrap_causal_lm(model)
     decoder = causal_lm.get_decoder()
     hidden_BLH = decoder(
         input_ids=input_ids_BL, attention_mask=attention_BL, position_ids=position_BL, use_cache=False
@@ -109,7 +114,7 @@ def shared_prompt_logprobs(
     row_prompt_B = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p in prompt_ids_B],
                                 dtype=torch.long, device=device)
     prompts_U = [list(p) for p in distinct]
-    causal_lm = _causal_lm(model)
+    causal_lm = unwrap_causal_lm(model)
     decoder = causal_lm.get_decoder()
     ids_UP, attention_UP, position_UP = _left_pad(prompts_U, [[] for _ in prompts_U], pad_id, device)
     prefill = decoder(input_ids=ids_UP, attention_mask=attention_UP, position_ids=position_UP, use_cache=True)
@@ -176,10 +181,12 @@ def _effective_temperature(temperature: float) -> float:
     return temperature if temperature > 0.0 else 1.0
 
 
-def _causal_lm(model: nn.Module) -> nn.Module:
-    """The transformers model under a peft wrapper (LoRA layers are injected in place)."""
+def unwrap_causal_lm(model: nn.Module) -> PreTrainedModel:
+    """The transformers model under a peft wrapper (LoRA layers are injected in place), or
+    `model` itself. Duck-typed: any module with `get_decoder`, `get_output_embeddings` and
+    `config` as transformers' causal LMs have them will do."""
     get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
+    return cast("PreTrainedModel", get_base() if callable(get_base) else model)
 
 
 def _model_device(model: nn.Module) -> torch.device:
@@ -191,7 +198,7 @@ def _check_inputs(
 ) -> None:
     if len(prompt_ids_B) != len(completion_ids_B):
         raise ValueError(f"{len(prompt_ids_B)} prompts but {len(completion_ids_B)} completions")
-    vocab = _causal_lm(model).get_input_embeddings().num_embeddings
+    vocab = cast(nn.Embedding, unwrap_causal_lm(model).get_input_embeddings()).num_embeddings
     if not 0 <= pad_id < vocab:
         raise ValueError(f"pad_id {pad_id} outside the vocabulary [0, {vocab})")
     for b, (p, c) in enumerate(zip(prompt_ids_B, completion_ids_B, strict=True)):
@@ -223,7 +230,9 @@ def _completion_positions(
     and the right-padded [B, T] mask they fill in that order."""
     length = max(len(p) + len(c) for p, c in zip(prompt_ids_B, completion_ids_B, strict=True))
     t_max = max((len(c) for c in completion_ids_B), default=0)
-    rows, cols, tokens = [], [], []
+    rows: list[int] = []
+    cols: list[int] = []
+    tokens: list[int] = []
     mask_BT = torch.zeros((len(completion_ids_B), t_max), dtype=torch.bool)
     for b, c in enumerate(completion_ids_B):
         rows += [b] * len(c)
@@ -235,7 +244,7 @@ def _completion_positions(
 
 
 def _head_logprobs(
-    causal_lm: nn.Module, hidden_NH: torch.Tensor, tokens_N: torch.Tensor, temperature: float, chunk: int
+    causal_lm: PreTrainedModel, hidden_NH: torch.Tensor, tokens_N: torch.Tensor, temperature: float, chunk: int
 ) -> torch.Tensor:
     """LM head (+ Gemma's final logit soft-capping) and `token_logprobs`, `chunk` rows at a time."""
     if chunk < 1:

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,9 @@ class ZeroSafeReducer(TensorPartReducer):
     """hivemind's reducer, except that a part nobody gave weight to averages to zeros."""
 
     def check_current_part_finished(self) -> None:
+        """Once every sender's share of the current part is in, resolve it: the weighted sum over
+        the total weight, or zeros when the total weight is 0 (where hivemind divides 0 by 0: NaN).
+        """
         assert self.current_part_accumulated_from <= self.num_current_senders
         if self.current_part_accumulated_from == self.num_current_senders:
             total = self.accumulator.div_(self.denominator) if self.denominator > 0 else self.accumulator.zero_()
@@ -79,6 +83,8 @@ class ZeroSafeReducer(TensorPartReducer):
 class ExactAllReduceRunner(AllReduceRunner):
     """Butterfly all-reduce whose members end with identical averaged bits and whose reducers
     leave non-finite parts out of the sum (see the module docstring)."""
+
+    tensor_part_reducer: TensorPartReducer   # hivemind's until __init__ swaps in a ZeroSafeReducer
 
     def __init__(self, *, tensors: Sequence[torch.Tensor], peer_fractions: tuple[float, ...], **kwargs: Any) -> None:
         container_kwargs = {k: kwargs[k] for k in ("compression", "part_size_bytes", "tensor_infos") if k in kwargs}
@@ -102,7 +108,9 @@ class ExactAllReduceRunner(AllReduceRunner):
                 log.warning("averaging: excluding the non-finite gradient of %s", sender)
             self.excluded.add(sender)
             part, weight = torch.zeros_like(part), 0.0
-        return await self.tensor_part_reducer.accumulate_part(sender_index, part_index, part, weight=weight)
+        averaged: torch.Tensor = await self.tensor_part_reducer.accumulate_part(sender_index, part_index, part,
+                                                                              weight=weight)
+        return averaged
 
     async def _communicate_with_peer(self, peer_id: PeerID) -> None:
         peer_index = self.ordered_peer_ids.index(peer_id)
@@ -123,7 +131,7 @@ class ExactAllReduceRunner(AllReduceRunner):
             def _decode(msg: averaging_pb2.AveragingData) -> torch.Tensor:
                 if msg.code != averaging_pb2.AVERAGED_PART:
                     raise AllreduceException(f"{peer_id} sent {averaging_pb2.MessageCode.Name(msg.code)}")
-                part = deserialize_torch_tensor(msg.tensor_part)
+                part: torch.Tensor = deserialize_torch_tensor(msg.tensor_part)
                 if not bool(torch.isfinite(part).all()):
                     raise AllreduceException(f"{peer_id} sent a non-finite averaged part")
                 return part
@@ -141,7 +149,9 @@ class ExactAllReduceRunner(AllReduceRunner):
             self.tensor_part_container.register_failed_reducer(peer_index)
             raise
 
-    async def _accumulate_parts_streaming(self, stream, sender_index: int):
+    async def _accumulate_parts_streaming(
+        self, stream: AsyncIterator[averaging_pb2.AveragingData], sender_index: int
+    ) -> AsyncIterator[averaging_pb2.AveragingData]:
         sender = self.sender_peer_ids[sender_index]
         part_index = 0
         try:
@@ -156,7 +166,7 @@ class ExactAllReduceRunner(AllReduceRunner):
                 except BannedException:
                     break
                 data = await loop.run_in_executor(
-                    None, lambda a=averaged, c=compression: serialize_torch_tensor(a, c))
+                    None, functools.partial(serialize_torch_tensor, averaged, compression))
                 yield averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=data)
         finally:
             if part_index != self.tensor_part_reducer.num_parts:
@@ -170,7 +180,7 @@ class ExactAverager(hivemind.averaging.DecentralizedAverager):
 
     state_provider: Callable[[], tuple[Any, Sequence[torch.Tensor]]] | None = None
 
-    async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs: Any) -> dict:
+    async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs: Any) -> dict[str, Any]:
         try:
             bandwidths, mode_ids, user_bytes = zip(*map(self.serializer.loads, group_info.gathered))
             gathered = {p.to_base58(): self.serializer.loads(b) for p, b in zip(group_info.peer_ids, user_bytes)}
@@ -207,9 +217,11 @@ class ExactAverager(hivemind.averaging.DecentralizedAverager):
         self._matchmaking.target_group_size = size
         future.set_result(None)
 
-    def get_current_state(self):
+    def get_current_state(self) -> tuple[Any, list[torch.Tensor], Any]:
+        """(metadata, tensors, infos) for a peer's `load_state_from_peers`: `state_provider`'s when set."""
         if self.state_provider is None:
-            return super().get_current_state()
+            state: tuple[Any, list[torch.Tensor], Any] = super().get_current_state()
+            return state
         metadata, tensors = self.state_provider()
         return metadata, list(tensors), None
 
@@ -226,7 +238,7 @@ class RoundOutcome:
     contributed: bool = False          # some member had weight > 0 (else the average is all zeros)
     group_size: int = 1
     excluded: list[str] = field(default_factory=list)
-    gathered: dict[str, dict] = field(default_factory=dict)
+    gathered: dict[str, dict[str, Any]] = field(default_factory=dict)
     reason: str = ""
 
 
@@ -262,9 +274,11 @@ class GradientAveraging:
 
     @staticmethod
     def bits(version: int) -> str:
+        """`version` modulo 2**VERSION_BITS as a zero-padded binary string (its matchmaking group bits)."""
         return format(version % (1 << VERSION_BITS), f"0{VERSION_BITS}b")
 
     def group_key(self, version: int) -> str:
+        """The DHT key where averagers matchmaking for `version` meet."""
         return f"{self.prefix}.0b{self.bits(version)}"
 
     def peer_round_open(self, version: int) -> bool:
@@ -275,7 +289,7 @@ class GradientAveraging:
         mine = self.peer_id.to_bytes()
         return any(k != mine and bool(v.value) for k, v in found.value.items())
 
-    def begin(self, version: int, info: dict, expected: int | None = None) -> PendingRound:
+    def begin(self, version: int, info: dict[str, Any], expected: int | None = None) -> PendingRound:
         """Start matchmaking for `version` now; `info` is gathered from every member (msgpack-able).
         With `expected` members (this trainer included), the group starts as soon as all joined."""
         if expected != self._target:
@@ -335,6 +349,7 @@ class GradientAveraging:
         return metadata, list(tensors)
 
     def shutdown(self) -> None:
+        """Stop the averager's process (best effort, never raises)."""
         with contextlib.suppress(Exception):
             self.averager.shutdown()
 

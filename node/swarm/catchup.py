@@ -15,12 +15,14 @@ Verified updates are kept by the gossip node and served to others.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import hivemind
 
@@ -56,7 +58,9 @@ class SyncStats:
     dropped_peers: set[str] = field(default_factory=set)
     held_at: dict[int, float] = field(default_factory=dict)   # version -> unix seconds
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
+        """The counters as a JSON-ready dict: dropped peers sorted, `held_at` as version string ->
+        unix seconds (rounded to ms)."""
         return {"bytes_from_peers": self.bytes_from_peers, "bytes_from_trainer": self.bytes_from_trainer,
                 "wasted_bytes": self.wasted_bytes, "peer_updates": self.peer_updates,
                 "trainer_updates": self.trainer_updates, "snapshots": self.snapshots,
@@ -86,6 +90,7 @@ class CatchUp:
 
     @property
     def job_id(self) -> str:
+        """The job whose adapter the replica holds."""
         return self.replica.job_id
 
     def held(self) -> tuple[ad.State | None, int]:
@@ -124,7 +129,7 @@ class CatchUp:
                 continue
             if waited:
                 break
-            holders, waited = self._wait_for_holder(lambda h, key=key: self._candidates(key, h)), True
+            holders, waited = self._wait_for_holder(functools.partial(self._candidates, key)), True
         if self.replica.version < want:
             self._from_trainer(want, snapshot=False)
 
@@ -138,7 +143,9 @@ class CatchUp:
             log.warning("job %s: looking up delta holders failed: %r", self.job_id[:12], exc)
             return {}
 
-    def _wait_for_holder(self, found: Callable[[dict[UpdateKey, list[Holder]]], list]) -> dict[UpdateKey, list[Holder]]:
+    def _wait_for_holder(
+        self, found: Callable[[dict[UpdateKey, list[Holder]]], Sequence[object]]
+    ) -> dict[UpdateKey, list[Holder]]:
         """Poll the holder records for a random share of `peer_wait_s` until `found(holders)`."""
         holders: dict[UpdateKey, list[Holder]] = {}
         if self.gossip is None or self.peer_wait_s <= 0:

@@ -70,14 +70,17 @@ class Cotrainers:
         self._known = known
 
     def live(self) -> list[Cotrainer]:
+        """The known cotrainers not marked unreachable right now, sorted by trainer id."""
         now = time.monotonic()
         return sorted((c for c in self._known.values() if self._unreachable.get(c.trainer_id, 0.0) <= now),
                       key=lambda c: c.trainer_id)
 
     def get(self, trainer_id: str) -> Cotrainer | None:
+        """The cotrainer `trainer_id` as last seen in the DHT, or None if unknown (or not allowed)."""
         return self._known.get(trainer_id)
 
     def mark_unreachable(self, trainer_id: str, for_s: float = UNREACHABLE_S) -> None:
+        """Leave `trainer_id` out of `live` for the next `for_s` seconds (it failed a call)."""
         self._unreachable[trainer_id] = time.monotonic() + for_s
         log.warning("job %s: cotrainer %s unreachable; going on without it for %.0fs", self.job_id[:12],
                     trainer_id[:12], for_s)

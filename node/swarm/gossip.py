@@ -48,6 +48,7 @@ class LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def stop(self) -> None:
+        """Stop the loop and join its thread (waits up to 5 s); pending coroutines are abandoned."""
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
 
@@ -61,6 +62,11 @@ class UpdateCache:
         self._lock = threading.Lock()
 
     def put(self, update: ReceivedUpdate) -> None:
+        """Hold `update` under its header's job, `to_version` and kind (delta or snapshot).
+
+        Replaces an update held for the same key, then evicts the oldest versions of that kind beyond
+        `keep_deltas` / `keep_snapshots`. The update is stored as given (verify it first).
+        """
         h = update.header
         with self._lock:
             kinds = self._items.setdefault(h.job_id, {False: OrderedDict(), True: OrderedDict()})
@@ -70,10 +76,13 @@ class UpdateCache:
                 del held[v]
 
     def get(self, job_id: str, version: int, snapshot: bool) -> ReceivedUpdate | None:
+        """The held delta (or snapshot, with `snapshot`) ending at `version` for the job, or None."""
         with self._lock:
-            return self._items.get(job_id, {}).get(snapshot, {}).get(version)
+            held = self._items.get(job_id, {}).get(snapshot)
+            return held.get(version) if held is not None else None
 
     def held(self, job_id: str) -> list[pb.HeldUpdate]:
+        """What this peer holds for the job, as the HeldUpdate entries its DHT record and listings carry."""
         with self._lock:
             kinds = self._items.get(job_id, {})
             return [pb.HeldUpdate(version=v, snapshot=snap, payload_sha256=u.header.payload_sha256,
@@ -81,6 +90,7 @@ class UpdateCache:
                     for snap, held in kinds.items() for v, u in held.items()]
 
     def jobs(self) -> list[str]:
+        """Ids of the jobs with at least one held update."""
         with self._lock:
             return list(self._items)
 
@@ -155,10 +165,12 @@ class GossipNode:
             self.announce(job_id, force=False)
 
     def served_bytes(self, job_id: str) -> int:
+        """Payload bytes of the job's updates this node has sent to other peers."""
         with self._lock:
             return self.served[job_id]
 
     def shutdown(self) -> None:
+        """Drop the protocol handler, stop the libp2p daemon and the loop (best effort; never raises)."""
         with contextlib.suppress(Exception):
             self._loop.run(self._stop(), timeout=10)
         self._loop.stop()

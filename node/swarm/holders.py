@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 
 def holders_key(job_id: str) -> str:
+    """The DHT key under which the holders of `job_id`'s updates announce them (one subkey per peer)."""
     return f"swarmrl/v1/deltas/{job_id}"
 
 

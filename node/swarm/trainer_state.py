@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -32,10 +33,10 @@ class SharedState:
     version: int
     adapter_hash: bytes
     adapter: ad.State
-    optimizer: dict   # a torch optimizer state_dict
+    optimizer: dict[str, Any]   # a torch optimizer state_dict
 
 
-def pack(state: SharedState, params: Sequence[torch.Tensor]) -> tuple[dict, list[torch.Tensor]]:
+def pack(state: SharedState, params: Sequence[torch.Tensor]) -> tuple[dict[str, Any], list[torch.Tensor]]:
     """(metadata, tensors) for hivemind's state sharing; `params` gives the optimizer's shapes."""
     names = sorted(state.adapter)
     tensors = [state.adapter[n].detach().float().contiguous() for n in names]
@@ -56,8 +57,8 @@ def pack(state: SharedState, params: Sequence[torch.Tensor]) -> tuple[dict, list
     return meta, tensors
 
 
-def unpack(meta: dict, tensors: Sequence[torch.Tensor], params: Sequence[torch.Tensor],
-           param_groups: list[dict]) -> SharedState:
+def unpack(meta: dict[str, Any], tensors: Sequence[torch.Tensor], params: Sequence[torch.Tensor],
+           param_groups: list[dict[str, Any]]) -> SharedState:
     """Inverse of `pack`, checked against our own layout and the claimed adapter hash.
 
     `param_groups` are ours (same job spec, same hyper-parameters).
@@ -75,7 +76,7 @@ def unpack(meta: dict, tensors: Sequence[torch.Tensor], params: Sequence[torch.T
     adapter = {n: t.float().contiguous() for n, t in zip(names, tensors[:len(names)])}
     if ad.adapter_hash(adapter) != claimed:
         raise ValueError("shared adapter does not match its claimed hash")
-    state: dict[int, dict] = {}
+    state: dict[int, dict[str, Any]] = {}
     rest = tensors[len(names):]
     for i, (p, has) in enumerate(zip(params, present)):
         exp_avg, exp_avg_sq, step = rest[3 * i: 3 * i + 3]

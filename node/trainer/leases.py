@@ -47,7 +47,7 @@ class LeaseBook:
     def issue(self, peer_id: str, n: int, version: int, sampling: pb.SamplingParams, now_ms: int) -> pb.Lease:
         """A new lease of `n` prompt indices (re-queued ones first)."""
         with self._lock:
-            indices = []
+            indices: list[int] = []
             while self._requeued and len(indices) < n:
                 index = self._requeued.popleft()
                 if index not in self._admitted:  # a revoked/expired lease may still have been answered
@@ -64,10 +64,12 @@ class LeaseBook:
             return lease
 
     def get(self, lease_id: str) -> pb.Lease | None:
+        """The open lease `lease_id`, or None if unknown, answered or expired."""
         with self._lock:
             return self._open.get(lease_id)
 
     def answered(self, lease_id: str) -> set[int]:
+        """A copy of the prompt indices of the lease already admitted (empty if unknown)."""
         with self._lock:
             return set(self._answered.get(lease_id, ()))
 

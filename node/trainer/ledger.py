@@ -14,6 +14,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from swarmrl.node.sqlite_store import connect
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -79,24 +80,31 @@ class Ledger:
                 raise
             self._db.execute("COMMIT")
 
-    def _query(self, sql: str, args: tuple = ()) -> list[tuple]:
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         with self._lock:
             return self._db.execute(sql, args).fetchall()
 
     def close(self) -> None:
+        """Close the database connection; the ledger is unusable afterwards."""
         with self._lock:
             self._db.close()
 
     # ---- jobs
     def add_job(self, job_id: str, envelope: pb.Signed, created_ms: int) -> None:
+        """Record a job's signed spec `envelope`, received at unix ms `created_ms` (no-op for a known job)."""
         with self._tx() as db:
             db.execute("INSERT OR IGNORE INTO jobs VALUES (?, ?, ?)", (job_id, envelope.SerializeToString(), created_ms))
 
     def jobs(self) -> list[tuple[str, pb.Signed]]:
+        """(job_id, signed spec envelope) of every recorded job, oldest first."""
         return [(j, pb.Signed.FromString(e)) for j, e in self._query("SELECT job_id, envelope FROM jobs ORDER BY created_ms")]
 
     # ---- leases
     def add_lease(self, lease: pb.Lease) -> None:
+        """Record a newly issued lease as open.
+
+        Raises sqlite3.IntegrityError if a lease with its `lease_id` is already recorded.
+        """
         with self._tx() as db:
             db.execute(
                 "INSERT INTO leases VALUES (?, ?, ?, ?, ?, 1)",
@@ -104,21 +112,29 @@ class Ledger:
             )
 
     def close_lease(self, lease_id: str) -> None:
+        """Mark the lease answered or expired (no-op for an unknown lease id)."""
         with self._tx() as db:
             db.execute("UPDATE leases SET open = 0 WHERE lease_id = ?", (lease_id,))
 
     def leases(self, job_id: str, *, open_only: bool) -> list[pb.Lease]:
+        """The job's recorded leases (unordered); with `open_only` only those not closed."""
         sql = "SELECT lease FROM leases WHERE job_id = ?" + (" AND open = 1" if open_only else "")
         return [pb.Lease.FromString(b) for (b,) in self._query(sql, (job_id,))]
 
     # ---- batches and groups
     def batch_seen(self, batch_id: str) -> bool:
+        """True if a batch with this id was admitted before (replay protection)."""
         return bool(self._query("SELECT 1 FROM batches WHERE batch_id = ?", (batch_id,)))
 
     def admit(
         self, batch_id: str, batch: pb.RolloutBatch, envelope: pb.Signed, groups: Iterable[pb.Group], now_ms: int
     ) -> int:
-        """Durably record a batch and its admitted groups in one transaction; returns its seq."""
+        """Durably record a batch and its admitted groups in one transaction; returns its seq.
+
+        A group's recorded policy version is the oldest of its completions'. Raises
+        sqlite3.IntegrityError (and records nothing) if the batch id was recorded before or a
+        group's prompt index was already admitted for the job.
+        """
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO batches (batch_id, job_id, peer_id, lease_id, received_ms, envelope) VALUES (?,?,?,?,?,?)",
@@ -135,6 +151,7 @@ class Ledger:
         return seq
 
     def admitted_indices(self, job_id: str) -> set[int]:
+        """Prompt indices of every group admitted for the job, in any state."""
         return {i for (i,) in self._query("SELECT prompt_index FROM groups WHERE job_id = ?", (job_id,))}
 
     # Pending groups a step may use when new peers are on probation: the peer has a passing verdict
@@ -154,7 +171,7 @@ class Ledger:
         )
         return [PendingGroup(r, p, pb.Group.FromString(g)) for r, p, g in rows]
 
-    def _pending_filter(self, job_id: str, held_after_ms: int | None) -> tuple[str, tuple]:
+    def _pending_filter(self, job_id: str, held_after_ms: int | None) -> tuple[str, tuple[Any, ...]]:
         if held_after_ms is None:
             return "g.job_id = ? AND g.state = 'pending'", (job_id,)
         return f"g.job_id = ? AND g.state = 'pending' AND {self._TRAINABLE}", (job_id, held_after_ms)
@@ -176,6 +193,10 @@ class Ledger:
             f"SELECT COUNT(*) FROM groups g JOIN batches b ON b.seq = g.batch_seq WHERE {where}", args)[0][0])
 
     def mark(self, row_ids: Iterable[int], state: str, *, step: int | None = None, note: str = "") -> None:
+        """Set the state (e.g. "trained", "dropped") of the groups with ledger ids `row_ids`.
+
+        step: the optimizer step that used them (None if none); note: why (e.g. a drop reason).
+        """
         with self._tx() as db:
             db.executemany(
                 "UPDATE groups SET state = ?, step = ?, note = ? WHERE id = ?", [(state, step, note, r) for r in row_ids]
@@ -191,10 +212,15 @@ class Ledger:
             return cur.rowcount
 
     def group_counts(self, job_id: str) -> Counter[str]:
+        """Group state ("pending", "trained", "dropped") -> number of the job's admitted groups."""
         rows = self._query("SELECT state, COUNT(*) FROM groups WHERE job_id = ? GROUP BY state", (job_id,))
         return Counter({s: n for s, n in rows})
 
     def batches_after(self, job_id: str, after_seq: int, limit: int) -> list[tuple[int, str, pb.Signed]]:
+        """Up to `limit` of the job's admitted batches with seq > `after_seq`, ascending.
+
+        Each as (seq, lease_id, signed RolloutBatch envelope as received); for SampleAdmitted.
+        """
         rows = self._query(
             "SELECT seq, lease_id, envelope FROM batches WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
             (job_id, after_seq, limit),
@@ -202,14 +228,17 @@ class Ledger:
         return [(s, lease_id, pb.Signed.FromString(e)) for s, lease_id, e in rows]
 
     def batch_group_indices(self, seq: int) -> list[int]:
+        """Prompt indices of the groups admitted from batch `seq`, in admission order."""
         return [i for (i,) in self._query("SELECT prompt_index FROM groups WHERE batch_seq = ? ORDER BY id", (seq,))]
 
     def lease(self, lease_id: str) -> pb.Lease | None:
+        """The recorded lease `lease_id` (open or closed), or None if unknown."""
         rows = self._query("SELECT lease FROM leases WHERE lease_id = ?", (lease_id,))
         return pb.Lease.FromString(rows[0][0]) if rows else None
 
     # ---- rejections, steps and verdicts
     def reject(self, job_id: str, peer_id: str, reason: str, now_ms: int, count: int = 1) -> None:
+        """Record `count` rejections of `peer_id`'s groups (or batch) for `reason`, at unix ms `now_ms`."""
         with self._tx() as db:
             db.executemany(
                 "INSERT INTO rejections (job_id, peer_id, reason, at_ms) VALUES (?,?,?,?)",
@@ -217,17 +246,27 @@ class Ledger:
             )
 
     def rejection_counts(self, job_id: str) -> Counter[str]:
+        """Rejection reason -> number of rejections recorded for the job."""
         rows = self._query("SELECT reason, COUNT(*) FROM rejections WHERE job_id = ? GROUP BY reason", (job_id,))
         return Counter({r: n for r, n in rows})
 
-    def record_step(self, job_id: str, step: int, metrics: dict) -> None:
+    def record_step(self, job_id: str, step: int, metrics: dict[str, Any]) -> None:
+        """Store step `step`'s metrics (replaces an earlier row for the same step).
+
+        Raises TypeError if `metrics` is not JSON-serializable.
+        """
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO steps VALUES (?, ?, ?)", (job_id, step, json.dumps(metrics)))
 
-    def steps(self, job_id: str) -> list[dict]:
+    def steps(self, job_id: str) -> list[dict[str, Any]]:
+        """Every recorded step's metrics dict for the job, by step ascending."""
         return [json.loads(m) for (m,) in self._query("SELECT metrics FROM steps WHERE job_id = ? ORDER BY step", (job_id,))]
 
     def add_verdicts(self, job_id: str, validator_id: str, verdicts: Iterable[pb.Verdict], now_ms: int) -> None:
+        """Record validator `validator_id`'s verdicts for the job at unix ms `now_ms`.
+
+        A verdict the same validator already gave for the same (batch, prompt index) is ignored.
+        """
         with self._tx() as db:
             db.executemany(
                 "INSERT OR IGNORE INTO verdicts (job_id, validator_id, peer_id, batch_id, prompt_index, passed, checkname,"
@@ -245,10 +284,12 @@ class Ledger:
 
     # ---- bans and per-peer figures
     def add_ban(self, job_id: str, peer_id: str, reason: str, at_ms: int, until_ms: int) -> None:
+        """Record (or replace) the peer's ban from the job: `reason`, unix ms `at_ms` to `until_ms`."""
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO bans VALUES (?, ?, ?, ?, ?)", (job_id, peer_id, reason, at_ms, until_ms))
 
     def remove_ban(self, job_id: str, peer_id: str) -> None:
+        """Forget the peer's ban from the job (no-op if not banned)."""
         with self._tx() as db:
             db.execute("DELETE FROM bans WHERE job_id = ? AND peer_id = ?", (job_id, peer_id))
 

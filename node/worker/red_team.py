@@ -32,6 +32,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -164,7 +165,7 @@ def reassign(groups: Sequence[pb.Group], lease: pb.Lease) -> list[pb.Group]:
 def admitted_groups(admitted: Sequence[pb.AdmittedBatch], exclude_peer: str = "") -> list[pb.Group]:
     """The admitted groups in `admitted`, except those signed by `exclude_peer` (batch bodies read
     without verification: a copying or replaying worker does not care who signed them)."""
-    out = []
+    out: list[pb.Group] = []
     for a in admitted:
         try:
             batch = pb.RolloutBatch.FromString(a.batch.body)
@@ -192,7 +193,8 @@ class RedTeamStats:
     first_submit_ms: int | None = None
     last_reasons: list[str] = field(default_factory=list)
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
+        """The counters as a JSON-ready dict (the last five rejection reasons only)."""
         return {"mode": self.mode, "submitted_groups": self.submitted_groups,
                 "submitted_batches": self.submitted_batches, "admitted_groups": self.admitted_groups,
                 "first_submit_ms": self.first_submit_ms, "last_reasons": self.last_reasons[-5:]}
@@ -211,7 +213,8 @@ class RedTeam:
         self._cursor: dict[str, int] = {}         # copycat, replay: SampleAdmitted cursor per job
         self._pool: list[pb.Group] = []           # copycat: foreign groups to copy
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
+        """What this adversary did so far (`RedTeamStats.report`), for the drill's summary."""
         return self.stats.report()
 
     def work_once(self, session: JobSession) -> RoundResult | None:
@@ -263,6 +266,14 @@ class RedTeam:
 
     # ---- generate (honest, or the mode's replacement)
     def generate(self, session: JobSession, prompts: list[PromptSpec], lease: pb.Lease) -> list[pb.Group]:
+        """The lease's groups as this mode makes them, graded (the grades are honest).
+
+        random_tokens: uniform non-special tokens; base_model_only: sampled with the adapter off;
+        stale_version: sampled with an adapter `STALE_LAG` versions old, claiming the lease's;
+        prompt_swap: answers to an easier prompt under the lease's indices; copycat: other workers'
+        admitted groups relabelled (honest groups while none are at hand). Every other mode
+        generates honestly and cheats afterwards (`doctor_groups`, signing or submitting).
+        """
         if self.mode == RANDOM_TOKENS:
             return self._random_groups(session, prompts, lease)
         if self.mode == BASE_MODEL_ONLY:
@@ -352,6 +363,9 @@ class RedTeam:
 
     # ---- doctor the graded groups
     def doctor_groups(self, session: JobSession, groups: list[pb.Group]) -> None:
+        """Alter graded groups in place for the modes that lie about numbers: inflated_reward
+        (every reward set to the environment's maximum), fabricated_logprobs, nan_logprobs.
+        """
         if self.mode == INFLATED_REWARD:
             inflate_rewards(groups, float(session.env.reward_range[1]))
         elif self.mode == FABRICATED_LOGPROBS:

@@ -90,9 +90,11 @@ class JobSession:
 
     @property
     def job_id(self) -> str:
+        """The followed job's id."""
         return self.record.job_id
 
     def close(self) -> None:
+        """Stop the grading pool, close the trainer channel and free the job's adapter slot."""
         self.grader.close()
         self.channel.close()
         self.backend.remove_adapter(self.job_id)
@@ -111,9 +113,14 @@ class JobSession:
         return self.submit(lease, envelope, len(groups))
 
     def request_lease(self) -> pb.Lease | None:
+        """Ask the trainer for a lease of up to `max_prompts` prompts (signed request, 30 s timeout).
+
+        Returns None when it grants none (its reason goes to `last_refusal`). Raises grpc.RpcError
+        when the trainer can't be reached.
+        """
         req = pb.LeaseRequest(job_id=self.job_id, max_prompts=self.max_prompts,
                               adapter_version=max(self.replica.version, 0), created_ms=int(time.time() * 1000))
-        reply = self.stub.RequestLease(signing.sign(self.identity, signing.LEASE_REQUEST, req), timeout=30)
+        reply: pb.LeaseReply = self.stub.RequestLease(signing.sign(self.identity, signing.LEASE_REQUEST, req), timeout=30)
         if not reply.HasField("lease"):
             self.last_refusal = reply.reason
             return None
@@ -136,6 +143,10 @@ class JobSession:
         self.sync.run(version)
 
     def generate(self, prompts: list[PromptSpec], lease: pb.Lease) -> list[pb.Group]:
+        """Sample the lease's G completions per prompt with the job's adapter, under the lease's
+        sampling parameters and a fresh random seed; ungraded groups in `prompts` order, each
+        completion stamped with the adapter version loaded (`loaded_version`).
+        """
         s = lease.sampling
         sampling = Sampling(n=s.n, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
                             stop=tuple(s.stop), seed=int.from_bytes(os.urandom(4), "little"))
@@ -165,11 +176,17 @@ class JobSession:
             c.grade_error = grade.error
 
     def sign(self, lease: pb.Lease, groups: list[pb.Group]) -> pb.Signed:
+        """The groups as a RolloutBatch answering `lease`, signed by this worker (fresh nonce, now)."""
         batch = pb.RolloutBatch(job_id=self.job_id, lease_id=lease.lease_id, peer_id=self.identity.peer_id,
                                 groups=groups, created_ms=int(time.time() * 1000), nonce=os.urandom(16))
         return signing.sign(self.identity, signing.ROLLOUT_BATCH, batch)
 
     def submit(self, lease: pb.Lease, envelope: pb.Signed, n_groups: int) -> RoundResult:
+        """Send a signed batch to the trainer (60 s timeout) and read its receipt.
+
+        Returns what was admitted, with the rejection reasons (the batch's, or each rejected group's).
+        Raises grpc.RpcError when the trainer can't be reached.
+        """
         receipt = self.stub.SubmitRollouts(iter([envelope]), timeout=60)
         b = receipt.batches[0]
         reasons = [b.reason] if not b.accepted else [g.reason for g in b.groups if not g.admitted]

@@ -11,6 +11,7 @@ import math
 import operator
 from collections import Counter
 from collections.abc import Sequence
+from typing import SupportsIndex, cast
 
 import torch
 
@@ -99,7 +100,8 @@ def staleness_histogram(staleness_N: Sequence[int]) -> dict[int, int]:
 
 def _non_negative_int(s: object) -> int:
     try:
-        value = operator.index(s)  # int, numpy integer, 0-d integer tensor; not float
+        # int, numpy integer, 0-d integer tensor; not float (TypeError for anything else)
+        value = operator.index(cast(SupportsIndex, s))
     except TypeError:
         value = -1
     if isinstance(s, bool) or value < 0:

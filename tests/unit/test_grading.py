@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from swarmrl.node.grading import GradingError, GradingPool
+from swarmrl.protocol.envs import get_environment
 from swarmrl.protocol.envs.base import Grade
 
 
@@ -160,15 +161,8 @@ def test_bad_inputs_and_environments(tricky_pool: GradingPool) -> None:
         grade(closed, ["x"])
 
 
-
 def test_installed_environment_by_name_matches_in_process_grading() -> None:
-    envs = pytest.importorskip("swarmrl.protocol.envs")
-    if not hasattr(envs, "get_environment"):
-        pytest.skip("swarmrl.protocol.envs.get_environment not written yet")
-    try:
-        env = envs.get_environment("arithmetic", None)
-    except TypeError:
-        env = envs.get_environment("arithmetic")
+    env = get_environment("arithmetic")
     specs = [env.prompt(0, i) for i in range(3)]
     completions = [" 7\n", " The answer is 12.", ""]
     with GradingPool(env.name, env.version) as p:
