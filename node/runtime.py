@@ -30,6 +30,8 @@ SHUTDOWN_GRACE_S = 6.0
 """Seconds from the first SIGTERM / SIGINT to a hard exit if the clean shutdown has not finished."""
 CHILD_GRACE_S = 1.0
 """Seconds a child gets between SIGTERM and SIGKILL when the role ends its children."""
+DIE_WITH_PARENT = "SWARMRL_DIE_WITH_PARENT"
+"""Environment variable: the pid of a parent (`swarmrl up`) whose death should stop this role."""
 
 
 class StartupError(ValueError):
@@ -82,9 +84,18 @@ def stop_event() -> threading.Event:
             signal.signal(sig, _on_signal)
         _watch_signals_from_a_thread()
         procs.become_subreaper()
+        _stop_when_parent_dies()
         atexit.register(_end_children)
         threading._register_atexit(_exiting)  # before the interpreter joins non-daemon threads
     return _life.stop
+
+
+def _stop_when_parent_dies() -> None:
+    """Under `swarmrl up`: SIGTERM this role when up dies, even by SIGKILL (roles run in their own
+    sessions, so nothing else would reach them)."""
+    parent = os.environ.pop(DIE_WITH_PARENT, None)   # popped: our own children must not inherit it
+    if parent is not None and procs.die_with_parent(signal.SIGTERM) and os.getppid() != int(parent):
+        os.kill(os.getpid(), signal.SIGTERM)   # it died before we asked
 
 
 def _on_signal(signum: int, _frame) -> None:

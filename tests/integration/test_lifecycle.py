@@ -196,3 +196,86 @@ def test_one_key_one_process_and_a_taken_port_is_refused(roles):
     assert first.proc.poll() is None, "the first holder keeps running"
     code, _ = first.signal_and_check_ends(signal.SIGTERM)
     assert code == 0
+
+
+STUCK_MAIN_LOOP = """
+import subprocess, sys, threading, time
+from swarmrl.node.runtime import stop_event, write_ready
+stop_event()
+subprocess.Popen(["sleep", "60"])
+if sys.argv[1] == "thread":     # a non-daemon thread the interpreter would join forever at exit
+    threading.Thread(target=time.sleep, args=(60,)).start()
+    print("exiting", flush=True)
+    sys.exit(0)
+write_ready(None, {})           # serving: a signal only sets the stop event ...
+print("serving", flush=True)
+time.sleep(60)                  # ... which this main loop never reads
+"""
+
+
+@pytest.mark.parametrize("case", ["ignores-stop", "second-signal", "thread"])
+def test_the_watchdog_bounds_a_stuck_shutdown(case):
+    p = subprocess.Popen([sys.executable, "-c", STUCK_MAIN_LOOP, case], stdout=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        assert p.stdout.readline().strip() in ("serving", "exiting")
+        tree = procs.descendants(p.pid)
+        t0 = time.monotonic()
+        if case != "thread":
+            p.send_signal(signal.SIGTERM)
+        if case == "second-signal":
+            time.sleep(0.3)
+            p.send_signal(signal.SIGINT)
+        code = p.wait(BOUND_S)
+        seconds = time.monotonic() - t0
+        assert code == {"ignores-stop": 128 + signal.SIGTERM, "second-signal": 128 + signal.SIGINT, "thread": 1}[case]
+        assert seconds < (2.0 if case == "second-signal" else BOUND_S)
+        assert not _survivors(tree, p.pid)
+    finally:
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGKILL, marks=pytest.mark.slow)],
+                         ids=["ctrl-c", "sigkill"])
+def test_up_leaves_no_process_behind(tmp_path, model_cache, sig):
+    """Ctrl-C stops every role through stop_all; SIGKILL leaves the roles to their parent-death
+    signal. Either way the whole tree (roles in their own sessions, DHTs, p2pd) is gone."""
+    out = tmp_path / "up"
+    with open(tmp_path / "up.log", "wb") as log:
+        up = subprocess.Popen([sys.executable, "-m", "swarmrl.node.cli", "up", "--model", "tiny", "--steps", "1000",
+                               "--workers", "1", "--out", str(out), "--cache-dir", str(model_cache)],
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    tree: list[int] = []
+    try:
+        deadline = time.monotonic() + 240
+        while not (out / "run" / "worker0.ready").exists():
+            assert up.poll() is None and time.monotonic() < deadline, (tmp_path / "up.log").read_text()[-3000:]
+            time.sleep(0.2)
+        tree = procs.descendants(up.pid)
+        assert len(tree) >= 8   # bootstrap, trainer, validator, worker, each with a DHT process and its p2pd
+        t0 = time.monotonic()
+        up.send_signal(sig)
+        up.wait(BOUND_S + 5)
+        deadline = t0 + BOUND_S + 5
+        while (left := _survivors(tree, up.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left, (tmp_path / "up.log").read_text()[-3000:]
+        print(f"up ({signal.Signals(sig).name}): tree of {len(tree)} gone after {time.monotonic() - t0:.1f}s")
+    finally:
+        for pid in [up.pid, *tree]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        up.wait()
+
+
+def test_a_failed_up_removes_only_an_empty_folder_it_created(tmp_path):
+    new, kept = tmp_path / "new" / "out", tmp_path / "kept"
+    kept.mkdir()
+    for out in (new, kept):
+        done = subprocess.run([sys.executable, "-m", "swarmrl.node.cli", "up", "--model", "nosuch", "--out", str(out)],
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 2 and "nosuch" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert not new.exists() and kept.is_dir()
