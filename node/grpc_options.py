@@ -14,3 +14,9 @@ def channel_options(max_message_mb: int) -> list[tuple[str, int]]:
         ("grpc.keepalive_time_ms", 30_000),
         ("grpc.keepalive_permit_without_calls", 1),
     ]
+
+
+def server_options(max_message_mb: int) -> list[tuple[str, int]]:
+    """Options for our servers: the channel limits, and no SO_REUSEPORT (gRPC's default), so a
+    port another process listens on is refused instead of shared (answers would alternate)."""
+    return [*channel_options(max_message_mb), ("grpc.so_reuseport", 0)]

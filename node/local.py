@@ -6,6 +6,7 @@ adapter -> write metrics.csv, reward.png, summary.json -> stop everything.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -14,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +26,7 @@ from rich.table import Table
 
 from swarmrl.node.jobs import builtin_job
 from swarmrl.node.models import prepare_base_model, resolve_model_name
+from swarmrl.node.runtime import DIE_WITH_PARENT
 from swarmrl.node.submitter import fetch_job_adapter, job_status, sign_job, submit_signed
 from swarmrl.node.swarm.figures import base_model_bytes, swarm_figures
 from swarmrl.node.worker.red_team import check_mode
@@ -57,6 +60,10 @@ class UpOptions:
     worker_overrides: list[str] = field(default_factory=list)   # extra `key=value` worker config (e.g. gossip=false)
 
 
+STOP_S = 15.0
+"""Seconds the roles get to exit after SIGTERM before their process groups are killed."""
+
+
 class SwarmFailed(RuntimeError):
     """A process of the local swarm died or the job did not finish in time."""
 
@@ -74,7 +81,7 @@ class LocalSwarm:
         trainer is the bottleneck on a shared CPU: workers and validators yield to it)."""
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
                "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1",
-               "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+               "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", DIE_WITH_PARENT: str(os.getpid())}
         args = [*(["nice", "-n", str(nice)] if nice else []), sys.executable, "-m", "swarmrl.node.cli", role]
         for o in overrides:
             args += ["-o", o]
@@ -101,24 +108,51 @@ class LocalSwarm:
             time.sleep(0.2)
         return json.loads(path.read_text())
 
-    def stop(self, name: str, timeout_s: float = 20) -> int | None:
-        p = self.procs[name]
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        return p.returncode
+    def stop(self, name: str, timeout_s: float = STOP_S) -> int | None:
+        """SIGTERM one role; after `timeout_s`, or once it exits, kill what is left of its
+        process group (each role runs in its own session)."""
+        return self._stop([name], timeout_s)[name]
 
-    def stop_all(self) -> None:
-        for name in reversed(list(self.procs)):
-            self.stop(name)
+    def stop_all(self, timeout_s: float = STOP_S) -> None:
+        """Stop every role at once (each exits within ~10 s of SIGTERM); a second Ctrl-C can't
+        interrupt this and leave processes behind."""
+        with _signal_handler(signal.SIGINT, signal.SIG_IGN):
+            self._stop(list(self.procs), timeout_s)
+
+    def _stop(self, names: list[str], timeout_s: float) -> dict[str, int | None]:
+        for name in names:
+            if self.procs[name].poll() is None:
+                self.procs[name].send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for name in names:
+            p = self.procs[name]
+            try:
+                p.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                os.killpg(p.pid, signal.SIGKILL)   # the role if it hangs, and any straggler of its group
+            except (ProcessLookupError, PermissionError):
+                pass
+            p.wait()
+        return {n: self.procs[n].returncode for n in names}
 
 
 def run_up(opts: UpOptions) -> dict:
-    """Run the local swarm to the end of its job; returns the summary (also written to out/)."""
+    """Run the local swarm to the end of its job; returns the summary (also written to out/).
+    On failure or Ctrl-C every role is stopped, and `out` is removed if this call created it
+    and nothing was written in it."""
+    created = not opts.out.exists()
+    try:
+        with _signal_handler(signal.SIGTERM, _exit_on_sigterm):   # unwind through stop_all, as on Ctrl-C
+            return _run_up(opts)
+    except BaseException:
+        if created and opts.out.is_dir() and not any(p.is_file() for p in opts.out.rglob("*")):
+            shutil.rmtree(opts.out, ignore_errors=True)
+        raise
+
+
+def _run_up(opts: UpOptions) -> dict:
     opts.out.mkdir(parents=True, exist_ok=True)
     work = opts.out / "run"
     shutil.rmtree(work, ignore_errors=True)  # a fresh swarm (keys, ledger, logs) every time
@@ -133,6 +167,23 @@ def run_up(opts: UpOptions) -> dict:
         return _drive(swarm, spec, opts, work)
     finally:
         swarm.stop_all()
+
+
+def _exit_on_sigterm(signum: int, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _signal_handler(sig: int, handler):
+    """Install `handler` for `sig` while the block runs (main thread only; elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        signal.signal(sig, previous)
 
 
 def _keys(work: Path, names: list[str]) -> dict[str, Identity]:

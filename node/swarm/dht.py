@@ -10,6 +10,9 @@ refresh them every `REFRESH_S` (TTL > refresh period + clock skew).
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ import hivemind
 from google.protobuf.message import DecodeError
 from hivemind.utils import get_dht_time
 
+from swarmrl.node import procs
 from swarmrl.protocol import signing
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -45,13 +49,57 @@ def safe_p2p_options(host: str = "127.0.0.1", port: int = 0) -> dict:
     }
 
 
+class BoundedDHT(hivemind.DHT):
+    """hivemind's DHT process, made to end: it ends with its parent, SIGTERM ends it and its p2pd
+    daemon (it inherited its parent's signal handlers, which swallowed SIGTERM, so
+    `terminate()` and multiprocessing's exit-time join waited forever), and `shutdown` is bounded
+    and leaves no p2pd behind."""
+
+    SHUTDOWN_S = 2.0
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, shutdown_timeout=self.SHUTDOWN_S, **kwargs)
+        self._forked_from_main_thread = False
+
+    def start(self) -> None:
+        self._forked_from_main_thread = threading.current_thread() is threading.main_thread()
+        super().start()
+
+    def run(self) -> None:  # in the child process
+        signal.signal(signal.SIGTERM, _end_dht_process)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when its DHT stops
+        if self._forked_from_main_thread:  # PDEATHSIG fires when the forking thread exits
+            procs.die_with_parent(signal.SIGTERM)
+            if os.getppid() != self._parent_pid:  # the parent died before we asked
+                _end_dht_process()
+        super().run()
+
+    def shutdown(self) -> None:
+        """Ask the node to stop, wait `SHUTDOWN_S`, then end it and its p2pd the hard way."""
+        if self._parent_pid != os.getpid() or not self.is_alive():
+            return
+        children = procs.descendants(self.pid)
+        try:
+            super().shutdown()   # joins for SHUTDOWN_S, then SIGTERM
+            self.join(1.0)
+        finally:
+            procs.end_processes([self.pid, *children], grace_s=0.5)
+            self.join(1.0)
+
+
+def _end_dht_process(*_) -> None:
+    """SIGTERM in the DHT process: end its p2pd daemon, then exit at once."""
+    procs.end_descendants(grace_s=0.5)
+    os._exit(0)
+
+
 def start_dht(initial_peers: Sequence[str] = (), *, host: str = "127.0.0.1", port: int = 0) -> hivemind.DHT:
     """Start a hivemind DHT node (in its own process) and check it joined the swarm.
 
     Raises:
         SwarmError: initial peers were given and none of them could be reached.
     """
-    dht = hivemind.DHT(initial_peers=list(initial_peers), start=False, **safe_p2p_options(host, port))
+    dht = BoundedDHT(initial_peers=list(initial_peers), start=False, **safe_p2p_options(host, port))
     try:
         dht.run_in_background(await_ready=True)
     except Exception as exc:

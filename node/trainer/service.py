@@ -12,7 +12,8 @@ from concurrent import futures
 
 import grpc
 
-from swarmrl.node.grpc_options import channel_options
+from swarmrl.node.grpc_options import server_options
+from swarmrl.node.runtime import StartupError
 from swarmrl.protocol import signing
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
@@ -79,10 +80,13 @@ class TrainerService(pb_grpc.TrainerServicer):
 
 def serve(trainer, host: str, port: int, max_message_mb: int, workers: int = 8) -> tuple[grpc.Server, int]:
     """Start the gRPC server on host:port (0 = any free port); returns (server, bound port)."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=channel_options(max_message_mb))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=server_options(max_message_mb))
     pb_grpc.add_TrainerServicer_to_server(TrainerService(trainer), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpcio raises "Failed to bind" where older versions returned 0
+        bound = 0
     if bound == 0:
-        raise RuntimeError(f"could not bind the trainer's gRPC server to {host}:{port}")
+        raise StartupError(f"could not serve gRPC on {host}:{port}: the port is taken or the address is not ours (grpc_port=0 picks a free port)")
     server.start()
     return server, bound
