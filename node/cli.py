@@ -43,7 +43,7 @@ Each failure is one line on stderr; SWARMRL_TRACEBACK=1 shows the traceback too.
 UP_EPILOG = """\
 job fields: --steps, --seed, --loss and --max-async-level set the job fields steps, seed,
 loss.variant and max_async_level; -j sets any job field. A field given both ways is refused
-(give it once); -j loss.clip_eps=... combines with --loss (different fields).
+(give it once); -j loss.eps_low=... combines with --loss (different fields).
 
 """ + EPILOG
 

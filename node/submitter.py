@@ -116,14 +116,14 @@ def fetch_job_adapter(endpoint: str, job_id: str, out: Path, cache_dir: Path | N
     Raises:
         UnknownJob: the trainer does not host `job_id`.
     """
-    from swarmrl.protocol.jobspec import JobSpec
-
     status = job_status(endpoint, job_id)
     if status.state == "unknown":
         raise UnknownJob(f"the trainer at {endpoint} does not host job {job_id!r} "
                          "(use the id `swarmrl submit` printed)")
     key = trainer_public_key or _trainer_key(endpoint, job_id, status)
     replica = fetch_snapshot(endpoint, job_id, key)
+    from swarmrl.protocol.jobspec import JobSpec
+
     spec = JobSpec.from_json(_spec_json(endpoint, job_id))
     assert replica.state is not None
     export_peft(replica.state, spec, out, cache_dir)
