@@ -3,18 +3,46 @@
 Each role (`bootstrap`, `trainer`, `worker`, `validator`) has one config class; its entrypoint
 builds the heavy objects (DHT, gRPC server, models) from it. `--dry-run` prints the resolved
 config as TOML-like JSON and exits.
+
+Loading never imports torch, transformers or hivemind: a typo is refused in a fraction of a second.
+Every problem with a file, an override or a value is one `ConfigError` line naming the field.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 C = TypeVar("C", bound=BaseModel)
+
+# Mirrors of tables that live beside torch (node.models._ALIASES, node.worker.red_team.MODES), so a
+# bad name is refused without importing torch; tests/unit/test_cli_errors.py checks they agree.
+BASE_MODEL_NAMES = ("tiny", "google/gemma-3-270m", "gemma", "gemma-3-270m", "gemma3-270m")
+RED_TEAM_MODES = ("forged_signature", "replay", "inflated_reward", "fabricated_logprobs", "random_tokens",
+                  "base_model_only", "stale_version", "prompt_swap", "copycat", "nan_logprobs")
+
+
+class ConfigError(ValueError):
+    """A config file, an override or a value is wrong; the one-line message says which and why."""
+
+
+def check_base_model_name(name: str) -> str:
+    """`name` if it names a known base model (or alias). Raises ValueError otherwise."""
+    if name.strip() not in BASE_MODEL_NAMES:
+        raise ValueError(f"unknown base model {name!r}; known: {', '.join(BASE_MODEL_NAMES)}")
+    return name
+
+
+def check_red_team_mode(mode: str) -> str:
+    """`mode` if it is a known red-team mode. Raises ValueError otherwise."""
+    if mode not in RED_TEAM_MODES:
+        raise ValueError(f"unknown red-team mode {mode!r}; known: {', '.join(RED_TEAM_MODES)}")
+    return mode
 
 
 class _Config(BaseModel):
@@ -27,6 +55,15 @@ class NetConfig(_Config):
     host: str = "127.0.0.1"
     dht_port: int = Field(0, ge=0, le=65535)
     initial_peers: list[str] = []
+
+    @field_validator("initial_peers")
+    @classmethod
+    def _multiaddrs(cls, peers: list[str]) -> list[str]:
+        for p in peers:
+            if not p.startswith("/") or "/p2p/" not in p or p.endswith("/p2p/"):
+                raise ValueError(f"{p!r} is not a peer multiaddr like /ip4/127.0.0.1/tcp/PORT/p2p/PEER_ID "
+                                 "(a bootstrap's ready file lists its own)")
+        return peers
 
 
 class BootstrapConfig(_Config):
@@ -54,7 +91,7 @@ class TrainerConfig(_Config):
     cotrainers: list[str] | None = None      # peer ids allowed to co-train our jobs (None = any that announces one)
     averaging_matchmaking_s: float = Field(2.0, gt=0)   # how long a round waits for cotrainers to join
     averaging_timeout_s: float = Field(60.0, gt=0)      # an averaging round (or a state download) gives up after this
-    fault: str | None = None                 # fault drill: "nan_gradients" (local tests only)
+    fault: Literal["nan_gradients"] | None = None   # fault drill (local tests only)
 
 
 class WorkerConfig(_Config):
@@ -62,7 +99,7 @@ class WorkerConfig(_Config):
     cache_dir: Path | None = None
     net: NetConfig = NetConfig()
     base_model: str = "tiny"             # the base model this worker serves
-    backend: str = "hf"                  # "hf" (transformers + peft) or "vllm"
+    backend: Literal["hf", "vllm"] = "hf"   # "hf" (transformers + peft) or "vllm"
     threads: int = Field(1, ge=1)
     max_prompts: int = Field(4, ge=1)    # prompts asked per lease
     max_message_mb: int = Field(64, ge=1)
@@ -79,6 +116,16 @@ class WorkerConfig(_Config):
     keep_deltas: int = Field(16, ge=1)   # newest deltas kept (and served) per job
     linger_s: float = Field(2.0, ge=0)   # with exit_when_done: keep serving this long after the last job
     prefer_trainer: str | None = None    # peer id of the trainer to follow when it serves the job
+
+    @field_validator("base_model")
+    @classmethod
+    def _known_model(cls, name: str) -> str:
+        return check_base_model_name(name)
+
+    @field_validator("red_team")
+    @classmethod
+    def _known_mode(cls, mode: str | None) -> str | None:
+        return mode if mode is None else check_red_team_mode(mode)
 
 
 class ValidatorConfig(_Config):
@@ -99,31 +146,98 @@ class ValidatorConfig(_Config):
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:
-    """`a.b=value` -> (["a", "b"], value); the value is parsed as JSON when it can be."""
-    if "=" not in item:
-        raise ValueError(f"override {item!r} is not of the form key=value")
-    key, raw = item.split("=", 1)
+    """`a.b=value` -> (["a", "b"], value); the value is parsed as JSON when it can be.
+
+    Raises:
+        ConfigError: not of the form key=value, or an empty key.
+    """
+    key, sep, raw = item.partition("=")
+    keys = key.strip().split(".")
+    if not sep or not all(k.strip() for k in keys):
+        raise ConfigError(f"override {item!r} is not of the form key=value (dotted keys, JSON values)")
     try:
         value = json.loads(raw)
     except json.JSONDecodeError:
         value = raw
-    return key.strip().split("."), value
+    return [k.strip() for k in keys], value
+
+
+def set_dotted(data: dict[str, Any], keys: list[str], value: Any) -> None:
+    """`data[k0][k1]... = value`, creating tables on the way.
+
+    Raises:
+        ConfigError: a key on the way already holds a value that is not a table.
+    """
+    node = data
+    for i, k in enumerate(keys[:-1]):
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{'.'.join(keys[:i + 1])} is not a table, so {'.'.join(keys)} cannot be set")
+    node[keys[-1]] = value
+
+
+def read_toml(path: Path, what: str = "config file") -> dict[str, Any]:
+    """The table in TOML file `path` (`what` names it in errors).
+
+    Raises:
+        ConfigError: the file is missing or unreadable, or a syntax error (with its line).
+    """
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {str(path)!r} not found") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {what} {str(path)!r}: {getattr(exc, 'strerror', None) or exc}") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{what} {path}: TOML syntax error: {exc}") from None
+
+
+def describe_validation_error(exc: ValidationError, model: type[BaseModel] | None = None) -> str:
+    """A pydantic error as one line that names each bad field (no documentation URLs).
+
+    An unknown field gets the closest known names of `model` (when given) as suggestions.
+    """
+    parts = []
+    for err in exc.errors(include_url=False):
+        where = ".".join(str(x) for x in err["loc"]) or "value"
+        if err["type"] == "extra_forbidden":
+            parts.append(f"unknown field {where!r}{_suggest(model, err['loc'])}")
+        elif err["type"] == "missing":
+            parts.append(f"missing field {where!r}")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            parts.append(f"{where} = {err['input']!r}: {msg}")
+    return "; ".join(" ".join(p.split()) for p in parts)
+
+
+def _suggest(model: type[BaseModel] | None, loc: tuple) -> str:
+    for key in loc[:-1]:
+        field = model.model_fields.get(str(key)) if model is not None else None
+        ann = field.annotation if field is not None else None
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    if model is None:
+        return ""
+    known = list(model.model_fields)
+    close = difflib.get_close_matches(str(loc[-1]), known, n=3)
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else f" (known: {', '.join(known)})"
 
 
 def load_config(cls: type[C], path: Path | None, overrides: list[str]) -> C:
     """Build `cls` from an optional TOML file, then dotted `key=value` overrides.
 
     Raises:
-        ValueError / pydantic.ValidationError: unknown keys, bad values, unreadable TOML.
+        ConfigError: missing or unreadable file, TOML syntax error, malformed override, unknown
+            field or bad value (one line naming the field).
     """
-    data: dict[str, Any] = tomllib.loads(path.read_text()) if path else {}
+    data: dict[str, Any] = read_toml(path) if path else {}
     for item in overrides:
-        keys, value = parse_override(item)
-        node = data
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-        node[keys[-1]] = value
-    return cls.model_validate(data)
+        set_dotted(data, *parse_override(item))
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(describe_validation_error(exc, cls)) from None
 
 
 def dump_config(cfg: BaseModel) -> str:

@@ -1,27 +1,40 @@
-"""The submitter's client: sign and submit a job, follow it, download its adapter."""
+"""The submitter's client: sign and submit a job, follow it, download its adapter.
+
+torch, transformers and peft are imported only by the calls that need them (fetching and
+exporting an adapter), so `swarmrl status` and a failed `submit` answer quickly.
+"""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
-from peft import get_peft_model, set_peft_model_state_dict
 
 from swarmrl.node.grpc_options import channel_options
-from swarmrl.node.models import load_causal_lm, lora_config, prepare_base_model
-from swarmrl.protocol import adapter as ad
 from swarmrl.protocol import signing
 from swarmrl.protocol.identity import Identity
-from swarmrl.protocol.jobspec import JobSpec, job_id_from_body
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
-from swarmrl.protocol.updates import AdapterReplica, assemble
+
+if TYPE_CHECKING:
+    from swarmrl.protocol import adapter as ad
+    from swarmrl.protocol.jobspec import JobSpec
+    from swarmrl.protocol.updates import AdapterReplica
 
 
-class JobRefused(RuntimeError):
+class SubmitterError(RuntimeError):
+    """A trainer answered, but not with what the submitter asked for; the message says why."""
+
+
+class JobRefused(SubmitterError):
     """The trainer refused the job; the message says why."""
+
+
+class UnknownJob(SubmitterError):
+    """The trainer does not host the job."""
 
 
 def stub(endpoint: str, max_message_mb: int = 64) -> pb_grpc.TrainerStub:
@@ -50,6 +63,8 @@ def submit_signed(endpoint: str, envelope: pb.Signed, timeout_s: float = 600) ->
     Raises:
         JobRefused: the trainer answered with a refusal.
     """
+    from swarmrl.protocol.jobspec import job_id_from_body
+
     ack = stub(endpoint).SubmitJob(envelope, timeout=timeout_s)
     if not ack.accepted:
         raise JobRefused(ack.reason)
@@ -64,6 +79,8 @@ def job_status(endpoint: str, job_id: str, history: int = 0, timeout_s: float = 
 
 def fetch_snapshot(endpoint: str, job_id: str, trainer_public_key: bytes, version: int | None = None) -> AdapterReplica:
     """Download and verify the adapter at `version` (None = the head) as a signed snapshot."""
+    from swarmrl.protocol.updates import AdapterReplica, assemble
+
     replica = AdapterReplica(job_id, trainer_public_key)
     req = pb.AdapterRequest(job_id=job_id, want_version=version, snapshot=True)
     for update in assemble(stub(endpoint).FetchAdapter(req, timeout=300), replica.trainer_id):
@@ -75,6 +92,10 @@ def fetch_snapshot(endpoint: str, job_id: str, trainer_public_key: bytes, versio
 
 def export_peft(state: ad.State, spec: JobSpec, out: Path, cache_dir: Path | None = None) -> Path:
     """Write `state` in PEFT format (adapter_config.json + adapter_model.safetensors) to `out`."""
+    from peft import get_peft_model, set_peft_model_state_dict
+
+    from swarmrl.node.models import load_causal_lm, lora_config, prepare_base_model
+
     path = prepare_base_model(spec.base_model, cache_dir)
     model, _ = load_causal_lm(path)
     peft_model = get_peft_model(model, lora_config(spec.lora.rank, spec.lora.alpha, spec.lora.dropout,
@@ -91,12 +112,18 @@ def fetch_job_adapter(endpoint: str, job_id: str, out: Path, cache_dir: Path | N
 
     The snapshot's signature is checked against `trainer_public_key` (from the job's signed DHT
     record) when given, else against the key of the trainer the status names.
+
+    Raises:
+        UnknownJob: the trainer does not host `job_id`.
     """
     status = job_status(endpoint, job_id)
     if status.state == "unknown":
-        raise RuntimeError(f"trainer at {endpoint} does not know job {job_id}")
+        raise UnknownJob(f"the trainer at {endpoint} does not host job {job_id!r} "
+                         "(use the id `swarmrl submit` printed)")
     key = trainer_public_key or _trainer_key(endpoint, job_id, status)
     replica = fetch_snapshot(endpoint, job_id, key)
+    from swarmrl.protocol.jobspec import JobSpec
+
     spec = JobSpec.from_json(_spec_json(endpoint, job_id))
     assert replica.state is not None
     export_peft(replica.state, spec, out, cache_dir)

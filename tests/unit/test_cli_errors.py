@@ -1,0 +1,198 @@
+"""Every bad invocation of `swarmrl` is one informative line on stderr and an exit code (2: usage
+or config error, 1: runtime failure), found before torch is imported when no model is needed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from swarmrl.node import cli
+from swarmrl.node import config as cfgmod
+
+HEAVY = ("torch", "transformers", "hivemind", "peft")
+
+
+def _dead_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+DEAD = f"127.0.0.1:{_dead_port()}"
+PEER = "/ip4/127.0.0.1/tcp/9/p2p/QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N"
+
+# (id, argv with {t} = a folder of fixture files, exit code, text stderr must hold, fast = no torch)
+CASES = [
+    ("no-command", [], 2, "required: COMMAND", True),
+    ("unknown-command", ["bogus"], 2, "invalid choice: 'bogus'", True),
+    ("keygen-exists", ["keygen", "{t}/afile"], 2, "never overwritten", True),
+    ("keygen-under-a-file", ["keygen", "{t}/afile/k.key"], 2, "is a file, not a folder", True),
+    ("config-missing", ["trainer", "--config", "nosuch.toml"], 2, "config file 'nosuch.toml' not found", True),
+    ("config-is-a-folder", ["trainer", "--config", "{t}"], 2, "cannot read config file", True),
+    ("config-toml-syntax", ["worker", "--config", "{t}/syntax.toml"], 2, "syntax.toml: TOML syntax error", True),
+    ("config-toml-line", ["worker", "--config", "{t}/syntax.toml"], 2, "line 2", True),
+    ("config-unknown-field", ["validator", "--config", "{t}/unknown.toml"], 2, "unknown field 'sample_rat'", True),
+    ("override-bad-type", ["worker", "-o", "threads=zero"], 2, "threads = 'zero'", True),
+    ("override-typo", ["worker", "-o", "thread=2"], 2, "did you mean 'threads'", True),
+    ("override-no-value", ["worker", "-o", "threads"], 2, "not of the form key=value", True),
+    ("override-range", ["trainer", "-o", "net.dht_port=70000"], 2, "net.dht_port = 70000", True),
+    ("override-nested-unknown", ["trainer", "-o", "net.hots=x"], 2, "unknown field 'net.hots'", True),
+    ("override-into-a-value", ["trainer", "-o", "threads=2", "-o", "threads.x=1"], 2, "threads is not a table", True),
+    ("override-literal", ["trainer", "-o", "fault=oops"], 2, "fault = 'oops'", True),
+    ("backend", ["worker", "-o", "backend=tpu"], 2, "backend = 'tpu'", True),
+    ("worker-model", ["worker", "--dry-run", "-o", "base_model=nosuch"], 2, "unknown base model 'nosuch'", True),
+    ("worker-red-team", ["worker", "-o", "red_team=bogus"], 2, "unknown red-team mode 'bogus'", True),
+    ("peers-malformed", ["bootstrap", "--initial-peers", "bogus"], 2, "not a peer multiaddr", True),
+    ("peers-twice", ["trainer", "--initial-peers", PEER, "-o", "net.initial_peers=[]"], 2, "give one", True),
+    ("role-unknown-flag", ["worker", "--bogus"], 2, "unrecognized arguments: --bogus", True),
+    ("submit-missing-file", ["submit", "nosuch.toml", "--trainer", DEAD], 2, "no such file: 'nosuch.toml'", True),
+    ("submit-toml-syntax", ["submit", "{t}/syntax.toml", "--trainer", DEAD], 2, "job file", True),
+    ("submit-model", ["submit", "{t}/nomodel.toml", "--trainer", DEAD], 2, "unknown base model 'nosuch'", True),
+    ("submit-hash", ["submit", "{t}/hash.toml", "--trainer", DEAD], 2, "base_model_sha256 is computed", True),
+    ("submit-endpoint", ["submit", "{t}/ok.toml", "--trainer", "nohost"], 2, "expected HOST:PORT", True),
+    ("submit-no-trainer", ["submit", "{t}/ok.toml"], 2, "required: --trainer", True),
+    ("submit-key-folder", ["submit", "{t}/ok.toml", "--trainer", DEAD, "--key", "{t}/afile/k"], 2, "is a file", True),
+    ("submit-unknown-field", ["submit", "{t}/unknown_job.toml", "--trainer", DEAD], 2, "unknown field 'stepz'", False),
+    ("submit-bad-value", ["submit", "{t}/bad_job.toml", "--trainer", DEAD], 2, "group_size = 1", False),
+    ("status-unreachable", ["status", "j", "--trainer", DEAD], 1, f"cannot reach the trainer at {DEAD}", True),
+    ("status-port", ["status", "j", "--trainer", "127.0.0.1:0"], 2, "expected HOST:PORT", True),
+    ("status-history", ["status", "j", "--trainer", DEAD, "--history", "-1"], 2, "must be at least 0", True),
+    ("status-empty-id", ["status", "", "--trainer", DEAD], 2, "must not be empty", True),
+    ("fetch-unreachable", ["fetch", "j", "--trainer", DEAD, "--out", "{t}/o"], 1, "cannot reach the trainer", True),
+    ("fetch-out-file", ["fetch", "j", "--trainer", DEAD, "--out", "{t}/afile/o"], 2, "is a file, not a folder", True),
+    ("fetch-no-out", ["fetch", "j", "--trainer", DEAD], 2, "required: --out", True),
+    ("up-flag-and-j", ["up", "--max-async-level", "1", "-j", "max_async_level=0"], 2,
+     "--max-async-level and -j max_async_level both set", True),
+    ("up-loss-and-j", ["up", "--loss", "gspo", "-j", "loss.variant=dapo"], 2, "--loss and -j loss.variant", True),
+    ("up-j-base-model", ["up", "-j", "base_model=gemma"], 2, "set --model instead", True),
+    ("up-j-syntax", ["up", "-j", "steps"], 2, "not of the form key=value", True),
+    ("up-red-team", ["up", "--red-team", "replay,bogus"], 2, "unknown red-team mode 'bogus'", True),
+    ("up-model", ["up", "--model", "nosuch"], 2, "unknown base model 'nosuch'", True),
+    ("up-threads", ["up", "--threads", "trainer=x"], 2, "is not ROLE=N", True),
+    ("up-workers", ["up", "--workers", "0"], 2, "must be at least 1", True),
+    ("up-timeout", ["up", "--timeout", "-1"], 2, "must be > 0", True),
+    ("up-loss", ["up", "--loss", "bogus"], 2, "invalid choice: 'bogus'", True),
+    ("up-out-file", ["up", "--model", "tiny", "--out", "{t}/afile"], 2, "is a file, not a folder", True),
+    ("up-j-typo", ["up", "--model", "tiny", "--out", "{t}/o", "-j", "max_async_levl=0"], 2,
+     "did you mean 'max_async_level'", False),
+    ("up-j-value", ["up", "--model", "tiny", "--out", "{t}/o", "-j", "steps=abc"], 2, "steps = 'abc'", False),
+    ("eval-adapter", ["eval", "--adapter", "{t}/o"], 2, "no adapter_config.json", True),
+    ("eval-model", ["eval", "--adapter", "{t}", "--model", "nosuch"], 2, "unknown base model", True),
+    ("eval-n", ["eval", "--adapter", "{t}", "--n", "0"], 2, "must be at least 1", True),
+]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> Path:
+    t = tmp_path_factory.mktemp("cli")
+    (t / "afile").write_text("x")
+    (t / "syntax.toml").write_text("threads = 1\nthreads =\n")
+    (t / "unknown.toml").write_text("sample_rat = 0.5\n")
+    (t / "ok.toml").write_text('base_model = "tiny"\nsteps = 2\n')
+    (t / "nomodel.toml").write_text('base_model = "nosuch"\n')
+    (t / "hash.toml").write_text('base_model_sha256 = "00"\n')
+    (t / "unknown_job.toml").write_text("stepz = 2\n")
+    (t / "bad_job.toml").write_text("group_size = 1\n")
+    return t
+
+
+def _run(argv: list[str], *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *flags, "-m", "swarmrl.node.cli", *argv], check=False, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "SWARMRL_TRACEBACK": ""})
+
+
+@pytest.mark.parametrize(("argv", "code", "names"), [c[1:4] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_invocation_is_one_line(files, argv, code, names):
+    proc = _run([a.format(t=files) for a in argv])
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == code, proc.stderr
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("swarmrl") and names in lines[0], lines[0]
+    assert "errors.pydantic.dev" not in lines[0]
+
+
+@pytest.mark.parametrize("argv", [c[1] for c in CASES if c[4] and c[2] == 2][::4],
+                         ids=[c[0] for c in CASES if c[4] and c[2] == 2][::4])
+def test_typos_are_refused_before_heavy_imports(files, argv):
+    proc = _run([a.format(t=files) for a in argv], "-X", "importtime")
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert proc.returncode == 2 and not imported & set(HEAVY), sorted(imported & set(HEAVY))
+
+
+def _walk(parser: argparse.ArgumentParser):
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _walk(sub)
+
+
+def test_every_option_has_help_and_shows_its_default():
+    for parser in _walk(cli.build_parser()):
+        text = parser.format_help()
+        assert "exit codes:" in text, parser.prog
+        for action in parser._actions:
+            assert action.help, f"{parser.prog} {action.option_strings or action.dest} has no help"
+            if action.option_strings and action.default not in (None, False, [], "", argparse.SUPPRESS):
+                assert "default" in cli._Formatter(parser.prog)._get_help_string(action), (parser.prog, action.dest)
+
+
+def test_up_flag_and_job_override_combine_by_the_documented_rule():
+    def fields(*argv):
+        return cli._up_job_fields(cli.build_parser().parse_args(["up", *argv]))
+
+    assert fields("-j", "max_async_level=0") == ({}, {"max_async_level": 0})
+    assert fields("--seed", "3", "-j", "steps=4") == ({}, {"seed": 3, "steps": 4})
+    assert fields("--loss", "gspo", "-j", "loss.eps_low=0.1") == ({"loss": {"eps_low": 0.1, "variant": "gspo"}}, {})
+    assert fields("-j", "lora.rank=4") == ({"lora": {"rank": 4}}, {})
+
+
+def test_up_with_a_job_override_of_a_flag_field_builds_the_job(tmp_path, model_cache, monkeypatch):
+    from swarmrl.node import local
+
+    built = {}
+    monkeypatch.setattr(local, "_drive", lambda swarm, spec, opts, work: built.setdefault("spec", spec))
+    argv = ["up", "--model", "tiny", "--out", str(tmp_path), "--cache-dir", str(model_cache), "-j", "max_async_level=0",
+            "--loss", "gspo", "-j", "loss.eps_low=0.1"]
+    assert cli.main(argv) == 0
+    spec = built["spec"]
+    assert spec.max_async_level == 0 and spec.loss.variant == "gspo" and spec.loss.eps_low == 0.1
+
+
+def test_a_bug_keeps_its_traceback_and_ctrl_c_exits_130(monkeypatch, capsys):
+    def bug(args):
+        raise TypeError("a programming error")
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(cli.COMMANDS, "keygen", bug)
+    with pytest.raises(TypeError):
+        cli.main(["keygen", "k"])
+    monkeypatch.setitem(cli.COMMANDS, "keygen", interrupted)
+    assert cli.main(["keygen", "k"]) == 130 and capsys.readouterr().err == "swarmrl keygen: interrupted\n"
+
+
+def test_status_json_prints_hashes_in_hex():
+    from swarmrl.protocol.pb import swarm_pb2 as pb
+
+    st = pb.JobStatus(job_id="j", adapter_hash=bytes(range(32)), peers=[pb.PeerInfo(peer_id="p")])
+    d = cli.message_dict(st)
+    assert d["adapterHash"] == bytes(range(32)).hex() and d["peers"] == [{"peerId": "p"}]
+    json.dumps(d)
+
+
+def test_light_name_tables_match_the_heavy_ones():
+    from swarmrl.node import models
+    from swarmrl.node.worker import red_team
+
+    assert set(cfgmod.BASE_MODEL_NAMES) == set(models._ALIASES)
+    assert cfgmod.RED_TEAM_MODES == red_team.MODES
+    assert cli.GEMMA_PACKAGE == models._GEMMA_PACKAGE
