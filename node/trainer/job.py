@@ -20,6 +20,7 @@ from pathlib import Path
 import grpc
 from peft import PeftModel
 
+from swarmrl.node.model_card import write_model_card
 from swarmrl.node.models import encode_prompt, vocab_size
 from swarmrl.node.swarm.cotrainers import Cotrainer, fetch_chain
 from swarmrl.node.swarm.dht import VerifiedRecord
@@ -450,6 +451,7 @@ class JobRuntime:
         assert isinstance(model, PeftModel)
         with self._lock:
             model.save_pretrained(str(out), save_embedding_layers=False)
+        write_model_card(out, self.spec, self.job_id, self.version, self.ledger.steps(self.job_id))
         return out
 
     # ---- adapters
