@@ -414,7 +414,7 @@ def _print_summary(summary: dict, out: Path) -> None:
                 "seconds"):
         v = summary.get(key)
         window = {"reward_first": "first", "reward_last": "last"}.get(key)
-        label = f"{key} (mean of the {window} {summary['reward_window']} steps)" if window else key
+        label = f"{key} (mean, {window} {summary['reward_window']})" if window else key
         table.add_row(label, f"{v:.3f}" if isinstance(v, float) else str(v))
     if "disk" in summary:
         d = summary["disk"]
