@@ -136,11 +136,14 @@ class AdapterStore:
         """Delete what the retention rule does not keep at `head` (`retention.plan_prune`),
         after rebuilding a snapshot of the new floor when there is none."""
         with self._lock:
-            plan = plan_prune(head, self._versions("d"), self._versions("s"), self.retention)
+            deltas, snapshots = self._versions("d"), self._versions("s")
+            plan = plan_prune(head, deltas, snapshots, self.retention)
             if plan.rebase_at is not None and self.snapshot(plan.rebase_at) is None:
-                log.warning("job %s: cannot rebuild version %d from the stored updates; keeping everything",
-                            self.job_id[:12], plan.rebase_at)
-                return
+                newer = [v for v in snapshots if v > plan.floor]   # the floor never existed here (a
+                if not newer:                                     # snapshot adopted from a cotrainer)
+                    log.warning("job %s: cannot rebuild version %d; keeping everything", self.job_id[:12], plan.floor)
+                    return
+                plan = plan_prune(head, deltas, snapshots, self.retention, floor=min(newer))
             for v in plan.drop_deltas:
                 self._drop(f"d{v}")
             for v in plan.drop_snapshots:

@@ -65,13 +65,17 @@ class PrunePlan:
     drop_snapshots: tuple[int, ...]
 
 
-def plan_prune(head: int, deltas: set[int], snapshots: set[int], retention: Retention) -> PrunePlan:
+def plan_prune(head: int, deltas: set[int], snapshots: set[int], retention: Retention,
+               floor: int | None = None) -> PrunePlan:
     """The store's files to delete at `head` (see the module docstring).
 
     deltas: versions with a stored delta (d{v} produces v); snapshots: versions with a snapshot.
     Deletion assumes the snapshot of the floor exists (or is rebuilt first: `rebase_at`).
+    floor: overrides the rule's floor (the store passes its oldest snapshot above the floor when
+    the floor can't be rebuilt: a trainer that joined late holds no deltas before the snapshot it
+    adopted from a cotrainer).
     """
-    floor = retention.floor(head)
+    floor = retention.floor(head) if floor is None else floor
     rebase_at = None if floor in snapshots else floor
     above = sorted((v for v in snapshots if v > floor), reverse=True)
     spare = set(above[:retention.keep_snapshots])

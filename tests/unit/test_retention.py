@@ -174,3 +174,24 @@ def test_disk_use_by_kind(published, tmp_path: Path) -> None:
     use = disk_use(state_dir)
     assert use["deltas"] > 0 and use["snapshots"] > 0 and use["ledger"] == 10
     assert use["total"] == use["deltas"] + use["snapshots"] + use["ledger"]
+
+
+def test_a_trainer_that_adopted_a_snapshot_prunes_from_it(published, tmp_path: Path) -> None:
+    """A cotrainer that joined at version 27 holds no deltas before it: its floor is the snapshot."""
+    _, source, exact = published
+    snap = source.snapshot(27)
+    assert snap is not None
+    joined = AdapterStore(tmp_path / "joined", JOB, Identity.from_seed(b"c" * 32), snapshot_every=5, retention=R)
+    joined.put_snapshot(0, exact[0])
+    joined.adopt(ad_header(snap), snap.payload, exact[27])
+    for v in (28, 29, 30):
+        delta = source.delta(v)
+        assert delta is not None
+        joined.adopt(ad_header(delta), delta.payload, exact[v])
+    assert _files(joined, "s") == {27, 30} and _files(joined, "d") == {28, 29, 30} and joined.oldest_kept() == 27
+    with pytest.raises(VersionNotKept):
+        list(joined.updates(pb.AdapterRequest(job_id=JOB, want_version=25, snapshot=True), 30))
+
+
+def ad_header(update) -> pb.AdapterUpdate:
+    return pb.AdapterUpdate.FromString(update.header.body)
