@@ -5,7 +5,8 @@ N workers gossiping adapter deltas) once per worker count and prints, per count:
   - trainer upload / version: adapter bytes the trainer served to workers (initial snapshots
     included) divided by the number of versions;
   - star / version: what a trainer serving every worker every delta would send (N x delta);
-  - share: their ratio; peers: bytes workers served each other;
+  - vs star: their ratio (above 1 when snapshots or re-fetches cost more than the star's deltas);
+  - share: of the bytes the workers received, the share a trainer sent; peers: bytes workers served each other;
   - publish -> all: seconds from a version's publish until the last worker holds it (median, max).
 `--star` adds a run per count with gossip off (every worker pulls from the trainer) to compare.
 
@@ -40,18 +41,19 @@ def swarm_row(n: int, steps: int, root: Path, gossip: bool) -> dict:
     versions = max(1, int(s["final_version"]))
     return {"workers": n, "gossip": gossip, "versions": versions, "delta_bytes": s["delta_bytes_per_version"],
             "trainer_per_version": s["trainer_upload_bytes"] / versions,
-            "star_per_version": n * s["delta_bytes_per_version"], "share": s["trainer_upload_share"],
+            "star_per_version": n * s["delta_bytes_per_version"], "vs_star": s["trainer_upload_vs_star"],
+            "share": s["trainer_upload_share"],
             "peer_bytes": s["peer_upload_bytes"], "lat_median": s["propagation_s_median"],
             "lat_max": s["propagation_s_max"], "agree": s["adapter_hash_agreement"]}
 
 
 def print_swarm(rows: list[dict]) -> None:
     print(f"\n{'workers':>7} {'gossip':>6} {'versions':>8} {'delta B':>8} {'trainer B/ver':>13} {'star B/ver':>10} "
-          f"{'share':>6} {'peer B':>9} {'publish->all s (med/max)':>25} {'agree':>5}")
+          f"{'vs star':>7} {'share':>6} {'peer B':>9} {'publish->all s (med/max)':>25} {'agree':>5}")
     for r in rows:
         lat = "-" if r["lat_median"] is None else f"{r['lat_median']:.2f} / {r['lat_max']:.2f}"
         print(f"{r['workers']:>7} {r['gossip']!s:>6} {r['versions']:>8} {r['delta_bytes']:>8} "
-              f"{r['trainer_per_version']:>13.0f} {r['star_per_version']:>10} {r['share']:>6.2f} "
+              f"{r['trainer_per_version']:>13.0f} {r['star_per_version']:>10} {r['vs_star']:>7.2f} {r['share']:>6.2f} "
               f"{r['peer_bytes']:>9} {lat:>25} {r['agree']!s:>5}")
 
 

@@ -92,6 +92,11 @@ class TrainerConfig(_Config):
     averaging_matchmaking_s: float = Field(2.0, gt=0)   # how long a round waits for cotrainers to join
     averaging_timeout_s: float = Field(60.0, gt=0)      # an averaging round (or a state download) gives up after this
     fault: Literal["nan_gradients"] | None = None   # fault drill (local tests only)
+    # disk (node/trainer/retention.py): versions kept servable behind the job's staleness window
+    # (floor = head - max_async_level - keep_versions; older deltas and snapshots are deleted), and
+    # spare snapshots above that floor (periodic ones and those rebuilt on request)
+    keep_versions: int = Field(8, ge=2)
+    keep_snapshots: int = Field(3, ge=1)
 
 
 class WorkerConfig(_Config):

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from swarmrl.node.inference import build_backend
 from swarmrl.node.inference.base import InferenceBackend, Sampling
+from swarmrl.node.model_card import add_heldout
 from swarmrl.node.models import encode_prompt, prepare_base_model, resolve_model_name
 from swarmrl.protocol.envs import get_environment, heldout_prompts
 from swarmrl.protocol.envs.base import Environment, PromptSpec
@@ -75,4 +76,5 @@ def run_eval(adapter_dir: Path, *, model: str | None = None, n: int = 200, cache
     table.add_row(f"base + adapter ({adapter_dir})", f"{tuned.accuracy:.3f}", f"{tuned.reward_mean:.3f}")
     Console().print(table)
     print(json.dumps({"base_accuracy": base.accuracy, "adapter_accuracy": tuned.accuracy, "n": n}))
+    add_heldout(adapter_dir, base.accuracy, tuned.accuracy, n)   # into the adapter's model card
     return base, tuned

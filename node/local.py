@@ -22,13 +22,14 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
 from swarmrl.node.jobs import builtin_job
 from swarmrl.node.models import prepare_base_model, resolve_model_name
 from swarmrl.node.runtime import DIE_WITH_PARENT
 from swarmrl.node.submitter import fetch_job_adapter, job_status, sign_job, submit_signed
 from swarmrl.node.swarm.figures import base_model_bytes, swarm_figures
+from swarmrl.node.trainer.retention import disk_use
 from swarmrl.node.worker.red_team import check_mode
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
@@ -245,7 +246,9 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path) -> dic
         job_ids = {submit_signed(ep, envelope) for ep in endpoints}   # the same signed job: one job id
         job_id = job_ids.pop()
     t0 = time.monotonic()
-    status = _follow(swarm, endpoint, job_id, spec, opts.timeout_s, watch=["bootstrap", *trainers, "validator"])
+    disk = DiskWatch([work / t for t in trainers])
+    status = _follow(swarm, endpoint, job_id, spec, opts.timeout_s, watch=["bootstrap", *trainers, "validator"],
+                     disk=disk)
     adapter_dir = opts.out / "adapter"
     version, adapter_hash = fetch_job_adapter(endpoint, job_id, adapter_dir, opts.cache_dir)
     workers_state = _wait_workers(swarm, [*workers, *adversaries], work)
@@ -253,6 +256,7 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path) -> dic
     status = _settle_validator(endpoint, job_id, spec)
     summary = _summarize(status, spec, job_id, version, adapter_hash, workers_state, keys, time.monotonic() - t0)
     summary.update(red_team_summary(status, adversaries, adversaries_state, keys, workers))
+    summary["disk"] = disk.report()
     statuses = [status] + [job_status(ep, job_id, history=spec.steps) for ep in endpoints[1:]]
     figures = swarm_figures(statuses, workers_state, job_id,
                             base_model_bytes(prepare_base_model(spec.base_model, opts.cache_dir)))
@@ -265,18 +269,39 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path) -> dic
     return summary
 
 
+class DiskWatch:
+    """Bytes under the trainers' state folders: sampled while the job runs (peak) and at the end."""
+
+    def __init__(self, folders: list[Path]) -> None:
+        self.folders, self.peak = folders, 0
+
+    def sample(self) -> int:
+        total = sum(disk_use(f)["total"] for f in self.folders if f.exists())
+        self.peak = max(self.peak, total)
+        return total
+
+    def report(self) -> dict:
+        """{"trainer_bytes": now, "trainer_peak_bytes": the largest sample, "by_trainer": {name: by kind}}."""
+        now = self.sample()
+        return {"trainer_bytes": now, "trainer_peak_bytes": self.peak,
+                "by_trainer": {f.name: disk_use(f) for f in self.folders if f.exists()}}
+
+
 def _follow(swarm: LocalSwarm, endpoint: str, job_id: str, spec: JobSpec, timeout_s: float,
-            watch: list[str] | None = None) -> pb.JobStatus:
-    """Show live progress until the job is done; returns the final status (full history)."""
-    columns = [TextColumn("[bold]training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-               TimeElapsedColumn()]
+            watch: list[str] | None = None, disk: DiskWatch | None = None) -> pb.JobStatus:
+    """Show live progress until the job is done; returns the final status (full history).
+    The status line wraps rather than being cut at the terminal's width."""
+    columns = [TextColumn("[bold]training"), BarColumn(bar_width=16), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("{task.fields[info]}", table_column=Column(ratio=1, no_wrap=False, overflow="fold"))]
     deadline = time.monotonic() + timeout_s
-    with Progress(*columns, console=console, transient=False) as progress:
+    with Progress(*columns, console=console, transient=False, expand=True) as progress:
         task = progress.add_task("steps", total=spec.steps, info="waiting for rollouts")
         while True:
             swarm.check_alive(watch or ["bootstrap", "trainer", "validator"])
             st = job_status(endpoint, job_id, history=1)
             progress.update(task, completed=st.step, info=_progress_info(st))
+            if disk is not None:
+                disk.sample()
             if st.state == "done":
                 return job_status(endpoint, job_id, history=spec.steps)
             if time.monotonic() > deadline:
@@ -285,13 +310,15 @@ def _follow(swarm: LocalSwarm, endpoint: str, job_id: str, spec: JobSpec, timeou
 
 
 def _progress_info(st: pb.JobStatus) -> str:
+    """The live status line: the reward and staleness are the last step's (summary.json's
+    `reward_last` is a mean over the last `reward_window` steps)."""
     rejected = sum(st.groups_rejected.values())
     last = st.history[-1] if st.history else None
     reward = f"{last.reward_mean:.3f}" if last and not math.isnan(last.reward_mean) else "-"
     stale = f"{last.staleness_mean:.2f}" if last else "-"
-    return (f"v{st.policy_version}  reward {reward}  admitted {st.groups_admitted}  rejected {rejected}"
-            f"  staleness {stale}  checked {st.validator_checked}"
-            + (f"  on probation {st.groups_on_probation}" if st.groups_on_probation else ""))
+    return (f"v{st.policy_version}  last step: reward {reward}, staleness {stale}  groups: {st.groups_admitted} "
+            f"admitted, {rejected} rejected, {st.validator_checked} checked"
+            + (f", {st.groups_on_probation} on probation" if st.groups_on_probation else ""))
 
 
 def _settle_validator(endpoint: str, job_id: str, spec: JobSpec, timeout_s: float = 30) -> pb.JobStatus:
@@ -324,6 +351,14 @@ def _wait_workers(swarm: LocalSwarm, workers: list[str], work: Path, timeout_s: 
 
 def _summarize(st: pb.JobStatus, spec: JobSpec, job_id: str, version: int, adapter_hash: bytes,
                workers: dict[str, dict], keys: dict[str, Identity], seconds: float) -> dict:
+    """The job's part of summary.json.
+
+    reward_first / reward_last: mean of the per-step mean rewards over the first / last
+    `reward_window` steps (5 from 20 steps on, fewer in shorter runs); reward_last_step: the last
+    step's alone (what the live status line shows). groups_admitted: every admitted group,
+    pending, dropped (stale, banned) and trained alike. The other parts: `red_team_summary`,
+    `swarm_figures` (node/swarm/figures.py) and `disk` (`DiskWatch.report`).
+    """
     rewards = [h.reward_mean for h in st.history if not math.isnan(h.reward_mean)]
     k = max(1, min(5, len(rewards) // 4 or 1))
     worker_hashes = {w: s.get("adapters", {}).get(job_id, {}) for w, s in workers.items()}
@@ -333,6 +368,7 @@ def _summarize(st: pb.JobStatus, spec: JobSpec, job_id: str, version: int, adapt
         "final_version": int(st.policy_version), "steps": int(st.step),
         "reward_first": sum(rewards[:k]) / k if rewards else math.nan,
         "reward_last": sum(rewards[-k:]) / k if rewards else math.nan,
+        "reward_last_step": rewards[-1] if rewards else math.nan,
         "reward_window": k,
         "groups_admitted": int(st.groups_admitted), "groups_dropped": int(st.groups_dropped),
         "groups_rejected": dict(st.groups_rejected),
@@ -423,11 +459,18 @@ def _print_summary(summary: dict, out: Path) -> None:
     table.add_column("figure")
     table.add_column("value", overflow="fold")
     for key in ("job_id", "base_model", "loss", "final_version", "steps", "reward_first", "reward_last",
-                "groups_admitted", "groups_dropped", "groups_rejected", "validator", "adapter_hash_agreement",
-                "trainers", "delta_bytes_per_version", "adapter_bytes", "base_model_bytes", "trainer_upload_bytes",
-                "peer_upload_bytes", "trainer_upload_share", "seconds"):
+                "reward_last_step", "groups_admitted", "groups_dropped", "groups_rejected", "validator",
+                "adapter_hash_agreement", "trainers", "delta_bytes_per_version", "adapter_bytes", "base_model_bytes",
+                "trainer_upload_bytes", "peer_upload_bytes", "trainer_upload_share", "trainer_upload_vs_star",
+                "seconds"):
         v = summary.get(key)
-        table.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
+        window = {"reward_first": "first", "reward_last": "last"}.get(key)
+        label = f"{key} (mean, {window} {summary['reward_window']})" if window else key
+        table.add_row(label, f"{v:.3f}" if isinstance(v, float) else str(v))
+    if "disk" in summary:
+        d = summary["disk"]
+        table.add_row("trainer disk", f"{d['trainer_bytes'] / 1e6:.2f} MB at the end, "
+                      f"{d['trainer_peak_bytes'] / 1e6:.2f} MB at most")
     table.add_row("peers", str(len(summary["peers"])))
     if summary.get("red_team"):
         table.add_row("honest_banned", str(summary["honest_banned"]))

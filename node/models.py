@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
@@ -466,6 +467,17 @@ def lora_config(
         task_type=peft.TaskType.CAUSAL_LM,
         bias="none",
     )
+
+
+def with_lora(model: PreTrainedModel, config: peft.LoraConfig, adapter_name: str = "default") -> peft.PeftModel:
+    """`peft.get_peft_model`, minus the FutureWarning it raises on every call with our pins:
+    peft 0.21.2's `PeftModel.__init__` reads `model.is_gradient_checkpointing`, which transformers
+    5 deprecated (in favour of `is_activation_checkpointing`). We never checkpoint activations, so
+    the value read is False either way; nothing of ours sets or reads the attribute. Drop this
+    wrapper once peft reads the new name."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        return peft.get_peft_model(model, config, adapter_name=adapter_name)
 
 
 def vocab_size(model: PreTrainedModel) -> int:

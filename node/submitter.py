@@ -6,7 +6,6 @@ exporting an adapter), so `swarmrl status` and a failed `submit` answer quickly.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from swarmrl.node.grpc_options import channel_options
+from swarmrl.node.model_card import write_model_card
 from swarmrl.protocol import signing
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -90,19 +90,23 @@ def fetch_snapshot(endpoint: str, job_id: str, trainer_public_key: bytes, versio
     return replica
 
 
-def export_peft(state: ad.State, spec: JobSpec, out: Path, cache_dir: Path | None = None) -> Path:
-    """Write `state` in PEFT format (adapter_config.json + adapter_model.safetensors) to `out`."""
-    from peft import get_peft_model, set_peft_model_state_dict
+def export_peft(state: ad.State, spec: JobSpec, out: Path) -> Path:
+    """Write `state` in PEFT format (adapter_config.json + adapter_model.safetensors) to `out`,
+    as `PeftModel.save_pretrained` would, without loading the base model: `state` already has
+    PEFT's saved key names (`get_peft_model_state_dict`), and `target_modules` lists the modules
+    its keys name ("all-linear" resolved). The model card is `model_card.write_model_card`'s job."""
+    from safetensors.torch import save_file
 
-    from swarmrl.node.models import load_causal_lm, lora_config, prepare_base_model
+    from swarmrl.node.models import lora_config
 
-    path = prepare_base_model(spec.base_model, cache_dir)
-    model, _ = load_causal_lm(path)
-    peft_model = get_peft_model(model, lora_config(spec.lora.rank, spec.lora.alpha, spec.lora.dropout,
-                                                   spec.lora.target_modules))
-    set_peft_model_state_dict(peft_model, state)
-    peft_model.peft_config["default"].base_model_name_or_path = spec.base_model
-    peft_model.save_pretrained(str(out), save_embedding_layers=False)
+    config = lora_config(spec.lora.rank, spec.lora.alpha, spec.lora.dropout,
+                         sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in state}))
+    config.base_model_name_or_path = spec.base_model
+    config.inference_mode = True
+    out.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(str(out))
+    save_file({k: v.detach().contiguous() for k, v in state.items()}, str(out / "adapter_model.safetensors"),
+              metadata={"format": "pt"})
     return out
 
 
@@ -116,7 +120,7 @@ def fetch_job_adapter(endpoint: str, job_id: str, out: Path, cache_dir: Path | N
     Raises:
         UnknownJob: the trainer does not host `job_id`.
     """
-    status = job_status(endpoint, job_id)
+    status = job_status(endpoint, job_id, history=1)
     if status.state == "unknown":
         raise UnknownJob(f"the trainer at {endpoint} does not host job {job_id!r} "
                          "(use the id `swarmrl submit` printed)")
@@ -126,9 +130,9 @@ def fetch_job_adapter(endpoint: str, job_id: str, out: Path, cache_dir: Path | N
 
     spec = JobSpec.from_json(_spec_json(endpoint, job_id))
     assert replica.state is not None
-    export_peft(replica.state, spec, out, cache_dir)
-    (out / "swarmrl.json").write_text(json.dumps({"job_id": job_id, "policy_version": replica.version,
-                                                  "adapter_hash": replica.hash.hex()}))
+    export_peft(replica.state, spec, out)
+    history = [{"policy_version": h.policy_version, "reward_mean": h.reward_mean} for h in status.history]
+    write_model_card(out, spec, job_id, replica.version, history, adapter_hash=replica.hash)
     return replica.version, replica.hash
 
 
@@ -140,7 +144,7 @@ def _trainer_key(endpoint: str, job_id: str, status: pb.JobStatus) -> bytes:
 
 
 def _first_header(endpoint: str, job_id: str) -> pb.Signed:
-    req = pb.AdapterRequest(job_id=job_id, want_version=0, snapshot=True)  # version 0 always exists
+    req = pb.AdapterRequest(job_id=job_id, snapshot=True)  # the head: always kept (retention.py)
     for chunk in stub(endpoint).FetchAdapter(req, timeout=300):
         if chunk.HasField("header"):
             return chunk.header

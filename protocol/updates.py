@@ -25,6 +25,20 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES = 1 << 20
 
 
+NOT_KEPT = "not kept"
+
+
+class VersionNotKept(LookupError):
+    """The trainer published this adapter version but no longer keeps it (older than its
+    retention floor, `node/trainer/retention.py`). On the wire: FetchAdapter ends with gRPC status
+    OUT_OF_RANGE and this message as its details."""
+
+    def __init__(self, job_id: str, version: int, floor: int | None = None) -> None:
+        kept = f"the trainer keeps versions {floor} and newer" if floor is not None else "pruned by the trainer"
+        super().__init__(f"job {job_id[:12]}: adapter version {version} is {NOT_KEPT} ({kept})")
+        self.version, self.floor = version, floor
+
+
 @dataclass
 class ReceivedUpdate:
     """A verified header with its payload (signature and content hash checked)."""

@@ -3,8 +3,9 @@
 A validator needs the exact adapter a completion claims (`policy_version`). It asks the job's
 trainer for a signed snapshot of that version (`FetchAdapter(snapshot=True, want_version=v)`),
 verifies it like a worker does (`protocol.updates`: trainer signature, payload sha256, adapter hash)
-and keeps the last few in an LRU. A version the trainer can't serve did not exist: the trainer
-serves every version up to its head, so an empty answer is `VersionUnavailable`.
+and keeps the last few in an LRU. The trainer serves every version from its retention floor up to
+its head: an empty answer (a version after the head) is `VersionUnavailable`, a version it pruned is
+answered OUT_OF_RANGE, `VersionNotKept` (the validator cannot decide then: it lagged too far).
 
 `want_version` is an explicit field (absent = the head), so version 0 is asked for like any other.
 """
@@ -16,10 +17,12 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 
+import grpc
+
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol.identity import peer_id_from_public_key
 from swarmrl.protocol.pb import swarm_pb2 as pb
-from swarmrl.protocol.updates import AdapterReplica, ReceivedUpdate, assemble
+from swarmrl.protocol.updates import AdapterReplica, ReceivedUpdate, VersionNotKept, assemble
 
 log = logging.getLogger(__name__)
 DEFAULT_CAPACITY = 4
@@ -47,6 +50,7 @@ class AdapterSource(ABC):
 
         Raises:
             VersionUnavailable: the version does not exist.
+            VersionNotKept: it existed, but the trainer no longer keeps it.
             ad.AdapterError: what arrived does not verify.
         """
 
@@ -115,7 +119,12 @@ class TrainerAdapters(AdapterSource):
         return self.cache.get(self.job_id, version, lambda: self._load(version))
 
     def _updates(self, req: pb.AdapterRequest) -> list[ReceivedUpdate]:
-        return list(assemble(self.fetch(req), self.trainer_id))
+        try:
+            return list(assemble(self.fetch(req), self.trainer_id))
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
+                raise VersionNotKept(self.job_id, req.want_version) from exc
+            raise
 
     def _load(self, version: int) -> tuple[ad.State, bytes]:
         updates = self._updates(pb.AdapterRequest(job_id=self.job_id, want_version=version, snapshot=True))

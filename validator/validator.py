@@ -35,6 +35,7 @@ from swarmrl.protocol.envs import get_environment
 from swarmrl.protocol.envs.base import Grade
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.updates import VersionNotKept
 from swarmrl.protocol.verdicts import ALL, FRESHNESS, LOGPROB, REGRADE
 from swarmrl.validator import checks as ck
 from swarmrl.validator.adapters import AdapterSource, VersionUnavailable
@@ -246,6 +247,9 @@ class Validator:
                 recomputed = self._rescore_group(spec, job_id, adapters, w.group)
             except VersionUnavailable as exc:
                 w.results.append(ck.fail(FRESHNESS, f"version {exc.version} was never published (the trainer can't serve it)"))
+                continue
+            except VersionNotKept as exc:  # published, then pruned: this validator lagged too far behind
+                w.results.append(ck.undecided(LOGPROB, str(exc)))
                 continue
             except ValueError as exc:  # ad.AdapterError, or a state that doesn't fit the job's LoRA shape
                 w.results.append(ck.undecided(LOGPROB, f"adapter unavailable: {exc}"))

@@ -37,6 +37,7 @@ from swarmrl.node.inference.base import FinishReason, InferenceBackend, LoraShap
 from swarmrl.node.inference.scoring import tempered_log_softmax
 from swarmrl.node.models import lora_config as make_lora_config
 from swarmrl.node.models import vocab_size as model_vocab_size
+from swarmrl.node.models import with_lora
 
 TOP_P_CANDIDATES = 1024  # top-p looks at the k most likely tokens first, widening k x8 while short of mass
 PLACEHOLDER_ADAPTER = "swarmrl-placeholder"  # peft needs >= 1 adapter; this one stays all-zero, never active
@@ -90,7 +91,7 @@ class HFBackend(InferenceBackend):
         ensure_contiguous_head_input(model)
         self.vocab_size = model_vocab_size(model)
         self.dtype = model.get_output_embeddings().weight.dtype
-        self.model = peft.get_peft_model(model, copy.deepcopy(lora_config), adapter_name=PLACEHOLDER_ADAPTER)
+        self.model = with_lora(model, copy.deepcopy(lora_config), adapter_name=PLACEHOLDER_ADAPTER)
         self.model.eval()
         self._slots: dict[str, tuple[Any, ...]] = {}  # name -> LoRA shape key
         self._lock = threading.RLock()
@@ -130,14 +131,14 @@ class HFBackend(InferenceBackend):
             if created:
                 self._create_slot(name, self.lora_config)
             try:
-                _check_state(peft.get_peft_model_state_dict(self.model, adapter_name=name), state)
+                _check_state(_lora_state(self.model, name), state)
                 peft.set_peft_model_state_dict(self.model, state, adapter_name=name)
             except Exception:
                 if created:
                     self.remove_adapter(name)
                 raise
             self.model.eval()
-            loaded = peft.get_peft_model_state_dict(self.model, adapter_name=name)
+            loaded = _lora_state(self.model, name)
             assert all(torch.equal(loaded[k], v.to(loaded[k].dtype)) for k, v in state.items())
 
     def _create_slot(self, name: str, config: peft.LoraConfig) -> None:
@@ -152,7 +153,7 @@ class HFBackend(InferenceBackend):
         """A copy of slot `name`'s tensors (peft state-dict keys). Raises KeyError if unknown."""
         with self._lock:
             self._require_slot(name)
-            state = peft.get_peft_model_state_dict(self.model, adapter_name=name)
+            state = _lora_state(self.model, name)
             return {k: v.detach().clone() for k, v in state.items()}
 
     def remove_adapter(self, name: str) -> None:
@@ -352,6 +353,14 @@ def _first_stop(tokenizer: Any, tokens: list[int], stops: tuple[str, ...]) -> in
         else:
             lo = mid + 1
     return lo
+
+
+def _lora_state(model: peft.PeftModel, name: str) -> dict[str, torch.Tensor]:
+    """Slot `name`'s LoRA tensors. `save_embedding_layers=False`: we never train embeddings, and
+    peft's default ("auto") looks for a `config.json` under the slot's `base_model_name_or_path`,
+    which for an exported adapter is a hub id (a network lookup; offline it warns "Could not find
+    a config file in ...")."""
+    return peft.get_peft_model_state_dict(model, adapter_name=name, save_embedding_layers=False)
 
 
 def _shape(config: peft.LoraConfig) -> tuple[Any, ...]:

@@ -62,10 +62,12 @@ class BoundedDHT(hivemind.DHT):
         self._forked_from_main_thread = False
 
     def start(self) -> None:
+        """Fork the DHT process, remembering whether the main thread forked it."""
         self._forked_from_main_thread = threading.current_thread() is threading.main_thread()
         super().start()
 
     def run(self) -> None:  # in the child process
+        """The DHT process: SIGTERM ends it (and its p2pd); SIGINT is the parent's to decide."""
         signal.signal(signal.SIGTERM, _end_dht_process)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when its DHT stops
         if self._forked_from_main_thread:  # PDEATHSIG fires when the forking thread exits

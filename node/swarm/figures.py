@@ -33,12 +33,23 @@ def propagation(published: dict[int, float], workers: dict[str, dict], job_id: s
     return out
 
 
-def swarm_figures(statuses: list[pb.JobStatus], workers: dict[str, dict], job_id: str, model_bytes: int) -> dict:
-    """The summary fields of the swarm layer (see README: "delta gossip").
+def upload_share(from_trainers: int, from_peers: int) -> float:
+    """The share of the workers' adapter bytes that came from trainers (0.0 when none moved)."""
+    total = from_trainers + from_peers
+    return from_trainers / total if total else 0.0
 
-    trainer_upload_bytes counts adapter bytes the trainers served to workers; peer_upload_bytes
-    the bytes workers served each other; trainer_upload_share is trainer_upload_bytes divided by
-    what a star (every worker pulls every delta from a trainer) would send.
+
+def swarm_figures(statuses: list[pb.JobStatus], workers: dict[str, dict], job_id: str, model_bytes: int) -> dict:
+    """The summary fields of the swarm layer (see README: "Delta gossip figures").
+
+    `workers` are the honest workers (the red-team drill's adversaries are not in it).
+    trainer_upload_bytes: adapter bytes the trainers served to anything asking as a worker
+    (adversaries included; the trainer counts them). peer_upload_bytes: bytes the workers served
+    each other. trainer_upload_share: of the adapter bytes the workers received, the share that
+    came from a trainer (the rest from peers), counted by the receivers, so in [0, 1].
+    trainer_upload_vs_star: trainer_upload_bytes over what a star (every worker pulls every delta
+    from a trainer) would send; it exceeds 1 when snapshots (late joiners), re-fetches or
+    adversaries cost the trainer more than the star's deltas.
     """
     head = statuses[0]
     deltas = [d for d in head.delta_bytes if d > 0]
@@ -46,6 +57,8 @@ def swarm_figures(statuses: list[pb.JobStatus], workers: dict[str, dict], job_id
     reports = [w.get("adapters", {}).get(job_id, {}) for w in workers.values()]
     trainer_up = sum(int(st.upload_bytes.get("worker", 0)) for st in statuses)
     peer_up = sum(int(r.get("peer_upload_bytes", 0)) for r in reports)
+    from_trainers = sum(int(r.get("sync", {}).get("bytes_from_trainer", 0)) for r in reports)
+    from_peers = sum(int(r.get("sync", {}).get("bytes_from_peers", 0)) for r in reports)
     star = len(deltas) * len(workers) * delta_median
     lat = propagation(publish_times(head), workers, job_id)
     trainers_agree = len({(int(st.policy_version), bytes(st.adapter_hash)) for st in statuses}) == 1
@@ -58,9 +71,10 @@ def swarm_figures(statuses: list[pb.JobStatus], workers: dict[str, dict], job_id
         "trainer_upload_bytes": trainer_up,
         "trainer_upload_bytes_all": sum(int(v) for st in statuses for v in st.upload_bytes.values()),
         "peer_upload_bytes": peer_up,
-        "worker_bytes_from_peers": sum(int(r.get("sync", {}).get("bytes_from_peers", 0)) for r in reports),
-        "worker_bytes_from_trainers": sum(int(r.get("sync", {}).get("bytes_from_trainer", 0)) for r in reports),
-        "trainer_upload_share": trainer_up / star if star else 0.0,
+        "worker_bytes_from_peers": from_peers,
+        "worker_bytes_from_trainers": from_trainers,
+        "trainer_upload_share": upload_share(from_trainers, from_peers),
+        "trainer_upload_vs_star": trainer_up / star if star else 0.0,
         "propagation_s_median": statistics.median(lat) if lat else None,
         "propagation_s_max": max(lat) if lat else None,
         "trainers_agree": trainers_agree,

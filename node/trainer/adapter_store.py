@@ -3,23 +3,30 @@
 On disk, per job: `d{to}.bin` (delta payload from to-1 -> to), `s{v}.bin` (full snapshot), each
 with a `.hdr` file holding the trainer-signed `AdapterUpdate` header. Files are written to a
 temporary name, fsynced and renamed, so a crash leaves either the old or the new file. Snapshots
-are kept every `snapshot_every` versions (and for the head); other versions are rebuilt from the
-nearest snapshot and the delta chain. A trainer that adopts a cotrainer's versions (the same job,
-averaged gradients) stores them re-signed with its own key (`adopt`), after checking them.
+are written every `snapshot_every` versions; other versions are rebuilt from the nearest older
+snapshot and the delta chain (and cached as snapshots). A trainer that adopts a cotrainer's versions
+(the same job, averaged gradients) stores them re-signed with its own key (`adopt`), after checking
+them. Each new version prunes what the retention rule no longer keeps (`retention.py`: a window
+of versions behind the head); a request for a version below it raises `VersionNotKept`.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from swarmrl.node.trainer.retention import Retention, plan_prune
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol import signing
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.updates import VersionNotKept
+
+log = logging.getLogger(__name__)
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -41,15 +48,22 @@ class StoredUpdate:
 
 
 class AdapterStore:
-    """Signed deltas and snapshots of one job's adapter versions (thread-safe)."""
+    """Signed deltas and snapshots of one job's adapter versions (thread-safe).
 
-    def __init__(self, root: Path, job_id: str, identity: Identity, *, snapshot_every: int = 10) -> None:
+    retention: what is kept as versions are added (default: `Retention()`, no staleness window);
+    the trainer sets it from its config and the job's `max_async_level`.
+    """
+
+    def __init__(self, root: Path, job_id: str, identity: Identity, *, snapshot_every: int = 10,
+                 retention: Retention | None = None) -> None:
         self.root = root
         self.job_id = job_id
         self.identity = identity
         self.snapshot_every = snapshot_every
-        self._lock = threading.Lock()
+        self.retention = retention or Retention()
+        self._lock = threading.RLock()
         root.mkdir(parents=True, exist_ok=True)
+        self._sizes = {v: (root / f"d{v}.bin").stat().st_size for v in self._versions("d")}
 
     def _sign(self, *, from_v: int, to_v: int, from_hash: bytes, to_hash: bytes, payload: bytes, snapshot: bool) -> pb.Signed:
         header = pb.AdapterUpdate(
@@ -61,12 +75,23 @@ class AdapterStore:
     def _put(self, stem: str, header: pb.Signed, payload: bytes) -> None:
         write_atomic(self.root / f"{stem}.bin", payload)
         write_atomic(self.root / f"{stem}.hdr", header.SerializeToString())
+        if stem.startswith("d"):
+            self._sizes[int(stem[1:])] = len(payload)
 
     def _get(self, stem: str) -> StoredUpdate | None:
         hdr, bin_ = self.root / f"{stem}.hdr", self.root / f"{stem}.bin"
-        if not (hdr.exists() and bin_.exists()):
-            return None
-        return StoredUpdate(pb.Signed.FromString(hdr.read_bytes()), bin_.read_bytes())
+        with self._lock:
+            if not (hdr.exists() and bin_.exists()):
+                return None
+            return StoredUpdate(pb.Signed.FromString(hdr.read_bytes()), bin_.read_bytes())
+
+    def _drop(self, stem: str) -> None:
+        (self.root / f"{stem}.hdr").unlink(missing_ok=True)  # the header first: readers need both
+        (self.root / f"{stem}.bin").unlink(missing_ok=True)
+
+    def _versions(self, kind: str) -> set[int]:
+        """Versions with a stored delta (`kind` "d") or snapshot ("s")."""
+        return {int(p.stem[1:]) for p in self.root.glob(f"{kind}*.hdr")}
 
     def put_snapshot(self, version: int, state: ad.State) -> bytes:
         """Store a full snapshot of `version`; returns its adapter hash."""
@@ -88,8 +113,9 @@ class AdapterStore:
                             to_hash=ad.adapter_hash(exact), payload=payload, snapshot=False)
         with self._lock:
             self._put(f"d{version}", header, payload)
-        if version % self.snapshot_every == 0:
-            self.put_snapshot(version, exact)
+            if version % self.snapshot_every == 0:
+                self.put_snapshot(version, exact)
+            self.prune(version)
         return exact, StoredUpdate(header, payload)
 
     def adopt(self, header: pb.AdapterUpdate, payload: bytes, state_after: ad.State) -> None:
@@ -102,13 +128,35 @@ class AdapterStore:
                             to_hash=bytes(header.to_hash), payload=payload, snapshot=bool(header.snapshot))
         with self._lock:
             self._put(f"{'s' if header.snapshot else 'd'}{to_v}", signed, payload)
-        if not header.snapshot and to_v % self.snapshot_every == 0:
-            self.put_snapshot(to_v, state_after)
+            if not header.snapshot and to_v % self.snapshot_every == 0:
+                self.put_snapshot(to_v, state_after)
+            self.prune(to_v)
+
+    def prune(self, head: int) -> None:
+        """Delete what the retention rule does not keep at `head` (`retention.plan_prune`),
+        after rebuilding a snapshot of the new floor when there is none."""
+        with self._lock:
+            deltas, snapshots = self._versions("d"), self._versions("s")
+            plan = plan_prune(head, deltas, snapshots, self.retention)
+            if plan.rebase_at is not None and self.snapshot(plan.rebase_at) is None:
+                newer = [v for v in snapshots if v > plan.floor]   # the floor never existed here (a
+                if not newer:                                     # snapshot adopted from a cotrainer)
+                    log.warning("job %s: cannot rebuild version %d; keeping everything", self.job_id[:12], plan.floor)
+                    return
+                plan = plan_prune(head, deltas, snapshots, self.retention, floor=min(newer))
+            for v in plan.drop_deltas:
+                self._drop(f"d{v}")
+            for v in plan.drop_snapshots:
+                self._drop(f"s{v}")
+
+    def oldest_kept(self) -> int:
+        """The oldest version the store can still serve: its oldest snapshot (0 when none)."""
+        return min(self._versions("s"), default=0)
 
     def delta_sizes(self, head: int) -> list[int]:
-        """Payload bytes of the deltas to versions 1..head (0 where one is missing)."""
-        return [(self.root / f"d{v}.bin").stat().st_size if (self.root / f"d{v}.bin").exists() else 0
-                for v in range(1, head + 1)]
+        """Payload bytes of the deltas to versions 1..head, pruned ones included (0 where one is
+        unknown: never stored, or pruned before this process started)."""
+        return [self._sizes.get(v, 0) for v in range(1, head + 1)]
 
     def delta(self, to_version: int) -> StoredUpdate | None:
         """The delta that produces `to_version`, if published."""
@@ -116,36 +164,52 @@ class AdapterStore:
 
     def snapshot(self, version: int) -> StoredUpdate | None:
         """A signed snapshot of `version`, rebuilt from the nearest older snapshot if needed."""
-        stored = self._get(f"s{version}")
-        if stored is not None:
-            return stored
-        base = max((v for v in range(version + 1) if (self.root / f"s{v}.hdr").exists()), default=None)
-        if base is None:
-            return None
-        snap = self._get(f"s{base}")
-        assert snap is not None
-        state = ad.decode_state(snap.payload)
-        for v in range(base + 1, version + 1):
-            d = self.delta(v)
-            if d is None:
+        with self._lock:
+            stored = self._get(f"s{version}")
+            if stored is not None:
+                return stored
+            base = max((v for v in self._versions("s") if v <= version), default=None)
+            if base is None:
                 return None
-            state = ad.apply_delta(state, ad.decode_state(d.payload))
-        self.put_snapshot(version, state)
-        return self._get(f"s{version}")
+            snap = self._get(f"s{base}")
+            assert snap is not None
+            state = ad.decode_state(snap.payload)
+            for v in range(base + 1, version + 1):
+                d = self.delta(v)
+                if d is None:
+                    return None
+                state = ad.apply_delta(state, ad.decode_state(d.payload))
+            self.put_snapshot(version, state)
+            return self._get(f"s{version}")
 
     def updates(self, req: pb.AdapterRequest, head: int) -> Iterator[StoredUpdate]:
         """What `FetchAdapter` serves: deltas have_version -> wanted version (absent = `head`),
-        or one snapshot when asked (or when the caller is ahead of the wanted version)."""
+        or one snapshot when asked, when the caller is ahead of the wanted version, or when the
+        deltas from its version are no longer kept (a late joiner). Nothing for a version after
+        the head (never published).
+
+        Raises (on iteration):
+            VersionNotKept: the wanted version is older than what the retention rule keeps.
+        """
+        yield from self._serve(req, head)
+
+    def _serve(self, req: pb.AdapterRequest, head: int) -> list[StoredUpdate]:
         want = req.want_version if req.HasField("want_version") else head
         if want > head:
-            return
-        chain = None if req.snapshot or req.have_version > want else self._delta_chain(req.have_version, want)
-        if chain is None:  # asked for a snapshot, or the stored deltas don't chain (a state adopted
-            snap = self.snapshot(want)  # from a cotrainer replaced a version): one snapshot
-            if snap is not None:
-                yield snap
-            return
-        yield from chain
+            return []
+        with self._lock:
+            if want < self.oldest_kept():
+                raise VersionNotKept(self.job_id, want, self.oldest_kept())
+            chain = None if req.snapshot or req.have_version > want else self._delta_chain(req.have_version, want)
+            if chain is not None:
+                return chain
+            # asked for a snapshot, or the stored deltas don't chain (pruned, or a state adopted
+            # from a cotrainer replaced a version): one snapshot, rebuilt and cached if needed
+            cached = (self.root / f"s{want}.hdr").exists()
+            snap = self.snapshot(want)
+            if not cached and snap is not None:
+                self.prune(head)   # a rebuilt snapshot counts against keep_snapshots
+            return [snap] if snap is not None else []
 
     def _delta_chain(self, have: int, want: int) -> list[StoredUpdate] | None:
         """The stored deltas have -> want when each starts from the previous one's hash."""

@@ -3,7 +3,9 @@
 A checkpoint is a folder `step-{N}` written under a temporary name, fsynced and renamed; the
 `LATEST` file naming it is replaced atomically afterwards. A crash at any point leaves the
 previous checkpoint readable. Adapter versions published after the checkpoint are recovered by
-replaying their (exact) deltas from the adapter store, so a restart never loses a version.
+replaying their (exact) deltas from the adapter store, so a restart never loses a version (the
+store keeps at least the last two deltas: `retention.py`). While a job runs the newest `KEEP`
+checkpoints stay; once it is done, only the last (`prune_checkpoints(root, 1)`).
 """
 
 from __future__ import annotations
@@ -51,9 +53,15 @@ def save_checkpoint(root: Path, ckpt: Checkpoint) -> Path:
     os.replace(tmp, final)
     fsync_path(root)
     write_atomic(root / "LATEST", final.name.encode())
-    for old in sorted(root.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-KEEP]:
-        shutil.rmtree(old, ignore_errors=True)
+    prune_checkpoints(root, KEEP)
     return final
+
+
+def prune_checkpoints(root: Path, keep: int) -> None:
+    """Delete all but the newest `keep` (>= 1) checkpoints under `root`."""
+    assert keep >= 1
+    for old in sorted(root.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def load_checkpoint(root: Path) -> Checkpoint | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from peft import PeftModel
 
+from swarmrl.node.model_card import write_model_card
 from swarmrl.node.models import encode_prompt, vocab_size
 from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.node.swarm.job_swarm import JobSwarm
@@ -236,6 +237,7 @@ class JobRuntime:
         assert isinstance(model, PeftModel)
         with self.lock:
             model.save_pretrained(str(out), save_embedding_layers=False)
+        write_model_card(out, self.spec, self.job_id, self.version, self.ledger.steps(self.job_id))
         return out
 
     # ---- cotrainers, adapters, status

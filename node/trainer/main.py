@@ -15,9 +15,11 @@ from swarmrl.node.models import base_model_sha256, prepare_base_model
 from swarmrl.node.runtime import start_role, write_ready
 from swarmrl.node.swarm.dht import REFRESH_S, announce_job, find_jobs, visible_maddrs
 from swarmrl.node.swarm.job_swarm import JobSwarm
+from swarmrl.node.trainer.checkpoint import prune_checkpoints
 from swarmrl.node.trainer.faults import reducer_wrap
 from swarmrl.node.trainer.job import JobRuntime, now_ms
 from swarmrl.node.trainer.ledger import Ledger
+from swarmrl.node.trainer.retention import Retention
 from swarmrl.node.trainer.service import serve
 from swarmrl.protocol import signing
 from swarmrl.protocol.identity import Identity
@@ -50,6 +52,7 @@ class Trainer:
                              ledger=self.ledger, prompt_shard=self.cfg.prompt_shard,
                              probation_ms=int(self.cfg.probation_s * 1000) if self.cfg.trusted_validators else 0,
                              wrap_reducer=reducer_wrap(self.cfg.fault))
+        runtime.store.retention = Retention(self.cfg.keep_versions, self.cfg.keep_snapshots, spec.max_async_level)
         if self.dht is not None:
             runtime.attach_swarm(JobSwarm(
                 self.dht, self.identity.peer_id, job_id,
@@ -120,6 +123,7 @@ class TrainerLoop:
     def __init__(self, trainer: Trainer, dht, identity: Identity, endpoint: str) -> None:
         self.trainer, self.dht, self.identity, self.endpoint = trainer, dht, identity, endpoint
         self.last_announce = self.last_look = 0.0
+        self.finished: set[str] = set()
 
     def announce(self, job: JobRuntime) -> None:
         announce_job(self.dht, self.identity, job.record(self.endpoint))
@@ -146,6 +150,13 @@ class TrainerLoop:
         job.coordinate(records)
         if (job.version, job.cotrainer_ids()) != before:
             self.announce(job)
+
+    def tidy(self, job: JobRuntime) -> None:
+        """Once a job is done, keep only its last checkpoint (the adapter store keeps its window
+        of versions: validators may still check the last admitted rollouts)."""
+        if job.done and job.job_id not in self.finished:
+            prune_checkpoints(job.dir / "checkpoints", keep=1)
+            self.finished.add(job.job_id)
 
     def step(self, job: JobRuntime) -> bool:
         """Train one step when a batch is ready (or a cotrainer opened a round); True if it stepped."""
@@ -177,6 +188,7 @@ def run(cfg: TrainerConfig) -> None:
                 job.admission.expire_leases()
                 loop.coordinate(job, records)
                 stepped |= loop.step(job)
+                loop.tidy(job)
             if not stepped:
                 stop.wait(0.2)
     finally:

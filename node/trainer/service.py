@@ -17,7 +17,7 @@ from swarmrl.node.runtime import StartupError
 from swarmrl.protocol import signing
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
-from swarmrl.protocol.updates import chunks
+from swarmrl.protocol.updates import VersionNotKept, chunks
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +51,13 @@ class TrainerService(pb_grpc.TrainerServicer):
         job = self.trainer.jobs.get(request.job_id)
         if job is None:
             context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")
-        for update in job.updates(request):
-            self.trainer.count_upload(len(update.payload))
-            job.count_upload(request.requester, len(update.payload))
-            yield from chunks(update.header, update.payload)
+        try:
+            for update in job.updates(request):
+                self.trainer.count_upload(len(update.payload))
+                job.count_upload(request.requester, len(update.payload))
+                yield from chunks(update.header, update.payload)
+        except VersionNotKept as exc:  # pruned (retention.py): say so, unlike a never-published version
+            context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
 
     def GetJobStatus(self, request: pb.JobStatusRequest, context: grpc.ServicerContext) -> pb.JobStatus:
         job = self.trainer.jobs.get(request.job_id)
@@ -74,8 +77,6 @@ class TrainerService(pb_grpc.TrainerServicer):
 
     def ReportVerdicts(self, request: pb.Signed, context: grpc.ServicerContext) -> pb.VerdictAck:
         return self.trainer.report_verdicts(request)
-
-
 
 
 def serve(trainer, host: str, port: int, max_message_mb: int, workers: int = 8) -> tuple[grpc.Server, int]:

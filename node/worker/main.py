@@ -163,7 +163,7 @@ class Worker:
         except grpc.RpcError as exc:
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 self._failed_trainers[rec.trainer_id] = time.monotonic() + TRAINER_RETRY_S
-            log.warning("job %s: trainer call failed (%s); retrying", rec.record.job_id, exc.code())
+            log.warning("job %s: trainer call failed (%s: %s); retrying", rec.record.job_id, exc.code(), exc.details())
             stop.wait(self.cfg.poll_s)
         except AdapterBehind as exc:
             log.info("job %s: %s; retrying", rec.record.job_id, exc)
