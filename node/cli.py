@@ -7,6 +7,7 @@
     swarmrl fetch JOB --trainer HOST:PORT --out DIR
     swarmrl up [--model tiny|gemma] [--steps N] [--workers K] [--out DIR]
     swarmrl eval --adapter DIR
+    swarmrl simulate [--scenario FILE] [--workers N] [--trainers K] [--hours H] [--cheaters SHARE] [--churn LEVEL]
 """
 
 from __future__ import annotations
@@ -92,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--model", default=None, help="base model (default: from the adapter's config)")
     e.add_argument("--n", type=int, default=200)
     e.add_argument("--cache-dir", type=Path)
+    from swarmrl.simulations.cli_args import add_arguments as add_simulate_arguments  # argparse only
+
+    add_simulate_arguments(sub.add_parser("simulate", help="simulate the swarm at scale on a simulated clock "
+                                          "(SimPy; simulations/README.md)"))
     return parser
 
 
@@ -205,6 +210,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 COMMANDS = {"keygen": cmd_keygen, "submit": cmd_submit, "status": cmd_status, "fetch": cmd_fetch, "up": cmd_up,
             "eval": cmd_eval, **{r: cmd_role for r in ROLES}}
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from swarmrl.simulations.run import main as simulate_main  # lazily: no torch, no hivemind
+
+    return simulate_main(args)
+
+
+COMMANDS["simulate"] = cmd_simulate
 
 
 def main(argv: list[str] | None = None) -> int:

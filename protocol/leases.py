@@ -17,6 +17,9 @@ from collections import deque
 
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
+BACKLOG_BATCHES = 2  # leases are refused ("busy") while this many batches of groups are pending
+BUSY_RETRY_MS = 1000  # the retry hint of a "busy" refusal
+
 
 class LeaseBook:
     """The leases of one job (thread-safe). Persisted by the caller through the ledger."""
