@@ -65,6 +65,7 @@ class DeltaSpread:
         self.spreads: list[VersionSpread] = []
         self.trainer_bytes = 0
         self.peer_bytes = 0
+        self._served = 0                                     # trainer fetches of the version being spread
         self.sources_chosen: list[Worker] = []               # peers ever chosen as a source (tests read it)
 
     # ---- queries
@@ -136,6 +137,7 @@ class DeltaSpread:
         self.holders.setdefault(version, [])
         tb, pb_ = self.trainer_bytes, self.peer_bytes
         prev = self.held.get(version - 1, {})
+        self._served = 0
         poll = self.cfg.sync_poll_s * 1.5
         decisions = sorted((max(prev.get(w.idx, now), now + self.rng.uniform(0, poll)), w.idx, w)
                            for w in live if w.idx in prev)
@@ -166,12 +168,15 @@ class DeltaSpread:
         if src is not None:
             return at, src
         deadline = at + delta_sources.holder_wait_s(self.cfg.peer_wait_s, self.rng)
+        if self.cfg.trainer_fanout and self._served >= self.cfg.trainer_fanout and pending:
+            deadline = math.inf   # what-if: the trainer refuses; wait for the next peer to announce
         while pending and pending[0][0] <= deadline:
             h = heapq.heappop(pending)[2]
             found.append(h)
             if h.worker.alive and h.worker.leaves_s > h.since:
                 return max(at, h.since), h.worker
-        return deadline, None
+        self._served += 1
+        return max(at, deadline if math.isfinite(deadline) else at), None
 
     def _forget(self, version: int) -> None:
         old = version - self.cfg.max_gap - 2

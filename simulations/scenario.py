@@ -103,6 +103,8 @@ class Gossip(Strict):
     peer_wait_s: float = Field(1.0, ge=0, description="worker config peer_wait_s")
     max_gap: int = Field(8, ge=1)
     sync_poll_s: float = Field(0.5, gt=0, description="worker config sync_poll_s (prefetch of a newer version)")
+    trainer_fanout: int = Field(0, ge=0, description="what-if: the trainer serves each delta to at most this many "
+                                "workers, the others wait for a peer (0: unlimited, the product today)")
 
 
 class Trainers(Strict):

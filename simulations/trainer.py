@@ -53,6 +53,7 @@ class SimTrainer:
         self.alive = True
         self.probation_s = probation_s
         self._expired_ms = -math.inf
+        self.now_s = 0.0
 
     # ---- leases
     def request_lease(self, w: Worker, now_s: float, version: int, done: bool) -> tuple[str, pb.Lease | None]:
@@ -79,7 +80,7 @@ class SimTrainer:
     # ---- admission
     def submit(self, w: Worker, lease: pb.Lease, now_s: float, version: int) -> list[Pending]:
         """Admit (or refuse) the batch `w` returns for `lease`; returns the admitted groups."""
-        now = int(now_s * 1000)
+        now, self.now_s = int(now_s * 1000), now_s
         n = len(lease.prompt_indices)
         self.m.count("groups_generated", n)
         if w.mode == ch.FORGED_SIGNATURE:
@@ -133,7 +134,8 @@ class SimTrainer:
         self.book.revoke([lease.lease_id])
         if self.strikes[w.peer_id] >= STRIKES_TO_BAN and w.peer_id not in self.banned:
             self.m.ban_reason(w, f"admission:{reason}")
-            self.ban(w)
+            w.banned_s = min(w.banned_s, self.now_s)
+            self.m.waste("banned", self.ban(w))
 
     def ban(self, w: Worker) -> int:
         """Ban the peer here: revoke its open leases, drop its untrained groups; returns how many."""
