@@ -6,6 +6,7 @@
     swarmrl status JOB --trainer HOST:PORT
     swarmrl fetch JOB --trainer HOST:PORT --out DIR
     swarmrl up [--model tiny|gemma] [--steps N] [--workers K] [--out DIR]
+    swarmrl simulate [--scenario FILE] [--workers N] [--trainers K] [--hours H] [--cheaters SHARE] [--churn LEVEL]
     swarmrl eval --adapter DIR
 
 Arguments, files and configs are checked before torch, transformers, hivemind or peft are
@@ -192,6 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--model", type=_model_name, default=None, help="base model (default: from the adapter's config)")
     e.add_argument("--n", type=_int_at_least(1), default=200, help="held-out prompts")
     e.add_argument("--cache-dir", type=Path, help="base model cache (default: $SWARMRL_CACHE or ~/.cache/swarmrl)")
+    from swarmrl.simulations.cli_args import add_arguments as add_simulate_arguments  # argparse only
+
+    add_simulate_arguments(_add(sub, "simulate", "simulate the swarm at scale on a simulated clock "
+                                "(SimPy; simulations/README.md)"))
     return parser
 
 
@@ -478,6 +483,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 COMMANDS = {"keygen": cmd_keygen, "submit": cmd_submit, "status": cmd_status, "fetch": cmd_fetch, "up": cmd_up,
             "eval": cmd_eval, **{r: cmd_role for r in ROLES}}
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from swarmrl.simulations.run import main as simulate_main  # lazily: no torch, no hivemind
+
+    return simulate_main(args)
+
+
+COMMANDS["simulate"] = cmd_simulate
 
 
 # ---- failures as one line ------------------------------------------------------------------------

@@ -24,12 +24,10 @@ from pathlib import Path
 
 from swarmrl.node.sqlite_store import connect
 from swarmrl.protocol.verdicts import BANNING_CHECKS
+from swarmrl.validator import policy
+from swarmrl.validator.policy import BAN_MS, GAIN, MAX_BAN_MS, NEW_PEER_CHECKS, RECENT_FAILURE_MS
 
-NEW_PEER_CHECKS = 16
-RECENT_FAILURE_MS = 6 * 3600 * 1000
-BAN_MS = 24 * 3600 * 1000
-MAX_BAN_MS = 30 * 24 * 3600 * 1000
-GAIN = 4.0
+__all__ = ["BAN_MS", "GAIN", "MAX_BAN_MS", "NEW_PEER_CHECKS", "RECENT_FAILURE_MS", "PeerRecord", "Reputation"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS peers (
@@ -62,7 +60,7 @@ class PeerRecord:
     @property
     def score(self) -> float:
         """(passed + 1) / (checked + soft_flags + 2), in (0, 1)."""
-        return (self.passed + 1) / (self.checked + self.soft_flags + 2)
+        return policy.score(self.passed, self.checked, self.soft_flags)
 
     def banned(self, now_ms: int) -> bool:
         """True while a ban runs at unix ms `now_ms` (`banned_until_ms` not yet reached)."""
@@ -125,7 +123,7 @@ class Reputation:
             self._touch(peer_id, now_ms)
             (bans,) = self._db.execute("SELECT bans FROM peers WHERE peer_id = ?", (peer_id,)).fetchone()
             if duration_ms is None:
-                duration_ms = min(BAN_MS * 2 ** min(int(bans), 16), MAX_BAN_MS)
+                duration_ms = policy.ban_duration_ms(bans)
             until = now_ms + int(duration_ms)
             self._db.execute(
                 "UPDATE peers SET banned_until_ms = ?, ban_reason = ?, bans = bans + 1 WHERE peer_id = ?",
@@ -162,11 +160,9 @@ class Reputation:
     def sample_rate(self, peer_id: str, base: float, now_ms: int) -> float:
         """Share of the peer's groups to check fully (see the module's policy). Raises ValueError
         unless 0 <= base <= 1."""
-        if not 0.0 <= base <= 1.0:
-            raise ValueError(f"base sample rate must be in [0, 1], got {base}")
         rec = self.peer(peer_id)
-        if rec is None or rec.checked < NEW_PEER_CHECKS or rec.banned(now_ms):
-            return 1.0
-        if rec.last_failure_ms is not None and now_ms - rec.last_failure_ms < RECENT_FAILURE_MS:
-            return 1.0
-        return base + (1.0 - base) * min(1.0, GAIN * (1.0 - rec.score))
+        if rec is None:
+            return policy.sample_rate(base, checked=0, passed=0, soft_flags=0, banned=False, since_failure_ms=None)
+        since = None if rec.last_failure_ms is None else now_ms - rec.last_failure_ms
+        return policy.sample_rate(base, checked=rec.checked, passed=rec.passed, soft_flags=rec.soft_flags,
+                                  banned=rec.banned(now_ms), since_failure_ms=since)

@@ -29,7 +29,7 @@ import hivemind
 from swarmrl.node.swarm.gossip import GossipNode
 from swarmrl.node.swarm.holders import Holder, UpdateKey, find_holders
 from swarmrl.protocol import adapter as ad
-from swarmrl.protocol import signing
+from swarmrl.protocol import delta_sources, signing
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.signing import signer_id
 from swarmrl.protocol.updates import AdapterReplica, ReceivedUpdate, assemble
@@ -78,8 +78,7 @@ class CatchUp:
     def __init__(self, replica: AdapterReplica, *, trainer_fetch: TrainerFetch, signers: Callable[[], set[str]],
                  gossip: GossipNode | None = None, dht: hivemind.DHT | None = None, max_gap: int = 8,
                  peer_wait_s: float = 1.0, rng: random.Random | None = None) -> None:
-        if max_gap < 1:
-            raise ValueError(f"max_gap must be >= 1, got {max_gap}")
+        delta_sources.needs_snapshot(0, 0, max_gap)   # raises ValueError unless max_gap >= 1
         self.replica, self.trainer_fetch, self.signers = replica, trainer_fetch, signers
         self.gossip, self.dht = gossip, dht
         self.max_gap, self.peer_wait_s = max_gap, peer_wait_s
@@ -116,7 +115,7 @@ class CatchUp:
 
     def _run(self, want: int) -> None:
         holders = self._holders()
-        far = self.replica.version < 0 or want - self.replica.version > self.max_gap
+        far = delta_sources.needs_snapshot(self.replica.version, want, self.max_gap)
         if far and not self._snapshot_from_peers(want, holders):
             holders = self._wait_for_holder(lambda h: self._near_snapshots(want, h))
             if not self._snapshot_from_peers(want, holders):
@@ -150,7 +149,7 @@ class CatchUp:
         holders: dict[UpdateKey, list[Holder]] = {}
         if self.gossip is None or self.peer_wait_s <= 0:
             return holders
-        deadline = time.monotonic() + self.rng.uniform(0, self.peer_wait_s)
+        deadline = time.monotonic() + delta_sources.holder_wait_s(self.peer_wait_s, self.rng)
         while time.monotonic() < deadline:
             time.sleep(0.1)
             holders = self._holders()
@@ -163,8 +162,7 @@ class CatchUp:
         trainer we accept (a holder's claim; what arrives is verified anyway)."""
         me = self.gossip.identity.peer_id if self.gossip is not None else ""
         signers = self.signers()
-        return [h for h in holders.get(key, []) if h.holder_id != me and h.holder_id not in self.stats.dropped_peers
-                and h.signer in signers]
+        return delta_sources.candidates(holders.get(key, []), me=me, dropped=self.stats.dropped_peers, signers=signers)
 
     def _near_snapshots(self, want: int, holders: dict[UpdateKey, list[Holder]]) -> list[int]:
         """Versions of snapshots peers hold that are newer than ours and within `max_gap` of `want`."""
@@ -176,9 +174,7 @@ class CatchUp:
         return any(self._from_peers((v, True), holders) for v in self._near_snapshots(want, holders))
 
     def _from_peers(self, key: UpdateKey, holders: dict[UpdateKey, list[Holder]]) -> bool:
-        candidates = self._candidates(key, holders)
-        self.rng.shuffle(candidates)
-        for holder in candidates:
+        for holder in delta_sources.ask_order(self._candidates(key, holders), self.rng):
             if self._from_peer(key, holder):
                 return True
         return False

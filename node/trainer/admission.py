@@ -17,16 +17,15 @@ from collections import Counter
 from collections.abc import Callable
 
 from swarmrl.node.trainer.bans import BanBook
-from swarmrl.node.trainer.leases import LeaseBook
 from swarmrl.node.trainer.ledger import Ledger
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol import signing
 from swarmrl.protocol.jobspec import JobSpec
+from swarmrl.protocol.leases import BACKLOG_BATCHES, BUSY_RETRY_MS, LeaseBook
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.verdicts import BAD_SIGNATURE_ON_OWN_LEASE, BAN_MS, BANNING_CHECKS, is_attributable
 
 log = logging.getLogger(__name__)
-BACKLOG_BATCHES = 2  # leases are refused ("busy") while this many batches are pending
 Clock = Callable[[], float]
 
 
@@ -87,7 +86,7 @@ class Admission:
             self._expire_leases(now)
             if self.ledger.count_pending(self.job_id) >= BACKLOG_BATCHES * self.spec.batch_groups:
                 # Backpressure: more rollouts would only go stale before a step could use them.
-                return pb.LeaseReply(reason="busy", retry_after_ms=1000)
+                return pb.LeaseReply(reason="busy", retry_after_ms=BUSY_RETRY_MS)
             n = max(1, min(req.max_prompts or self.spec.prompts_per_lease, self.spec.prompts_per_lease))
             lease = self.leases.issue(peer_id, n, self.version(), self.sampling(), now)
             self.ledger.add_lease(lease)

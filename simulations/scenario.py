@@ -1,0 +1,198 @@
+"""A simulation scenario: plain pydantic data, loadable from TOML, checked at the boundary.
+
+Every field has the unit in its name (_s seconds, _mbit megabits/s, _ms milliseconds, share in
+[0, 1]). Contradictory settings raise `ValueError` naming the field (`scenario_error` turns a
+pydantic error into one line). `build()` lives in world.py: a scenario opens nothing.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from swarmrl.simulations.cheaters import MODES
+from swarmrl.simulations.profiles import GPU_CLASSES, MODEL_PROFILES
+from swarmrl.simulations.regions import REGIONS
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class JobShape(Strict):
+    """The job's knobs that matter on the clock (defaults: the product's, protocol/jobspec.py)."""
+
+    model: str = Field("gemma-270m-gpu", description="a profile of profiles.MODEL_PROFILES")
+    group_size: int = Field(8, ge=2)
+    batch_groups: int = Field(256, ge=1, description="groups per trainer per step")
+    prompts_per_lease: int = Field(4, ge=1)
+    max_async_level: int = Field(2, ge=0)
+    lease_ttl_s: float = Field(120.0, gt=0)
+    steps: int = Field(0, ge=0, description="0: train until the simulated time ends")
+
+    @model_validator(mode="after")
+    def _known_model(self) -> JobShape:
+        if self.model not in MODEL_PROFILES:
+            raise ValueError(f"job.model: unknown profile {self.model!r} (known: {', '.join(MODEL_PROFILES)})")
+        return self
+
+
+class Churn(Strict):
+    """Arrivals (Poisson), session lengths (Pareto, heavy-tailed) and crashes."""
+
+    joins_per_hour: float = Field(0.0, ge=0, description="new workers per hour (Poisson)")
+    median_session_s: float = Field(0.0, ge=0, description="0: workers never leave")
+    session_shape: float = Field(1.2, gt=0, description="Pareto tail index (smaller: heavier tail)")
+    crash_share: float = Field(1.0, ge=0, le=1, description="share of departures that crash mid-lease")
+
+
+class Network(Strict):
+    """Per-peer links. Bandwidths are medians of log-normal draws."""
+
+    worker_down_mbit: float = Field(100.0, gt=0)
+    worker_up_mbit: float = Field(20.0, gt=0)
+    trainer_up_mbit: float = Field(1000.0, gt=0)
+    spread: float = Field(0.6, ge=0, description="sigma of the log-normal bandwidth draws")
+    nat_share: float = Field(0.4, ge=0, le=1, description="peers that accept no inbound connection")
+    region_shares: dict[str, float] = Field(default_factory=lambda: {"na": 0.35, "eu": 0.35, "asia": 0.2,
+                                                                     "sa": 0.05, "oceania": 0.05})
+    slow_region: str = Field("", description="a region whose links are `slow_factor` times slower")
+    slow_factor: float = Field(1.0, ge=1)
+    announce_s: float = Field(1.0, ge=0, description="DHT: from a holder's apply to readers seeing its record")
+
+    @model_validator(mode="after")
+    def _regions(self) -> Network:
+        unknown = sorted(set(self.region_shares) - set(REGIONS))
+        if unknown:
+            raise ValueError(f"network.region_shares: unknown region(s) {unknown} (known: {', '.join(REGIONS)})")
+        if any(v < 0 for v in self.region_shares.values()) or sum(self.region_shares.values()) <= 0:
+            raise ValueError("network.region_shares: shares must be >= 0 and not all zero")
+        if self.slow_region and self.slow_region not in REGIONS:
+            raise ValueError(f"network.slow_region: unknown region {self.slow_region!r}")
+        return self
+
+
+class Cheating(Strict):
+    """Cheaters: a share of all workers, spread evenly over `modes` (default: every red-team mode)."""
+
+    share: float = Field(0.0, ge=0, le=1, description="share of workers that cheat")
+    modes: list[str] = Field(default_factory=lambda: list(MODES))
+
+    @model_validator(mode="after")
+    def _modes(self) -> Cheating:
+        bad = [m for m in self.modes if m not in MODES]
+        if bad:
+            raise ValueError(f"cheaters.modes: unknown mode(s) {bad} (known: {', '.join(MODES)})")
+        if self.share > 0 and not self.modes:
+            raise ValueError("cheaters.modes: a share > 0 needs at least one mode")
+        return self
+
+
+class Validation(Strict):
+    validators: int = Field(2, ge=0)
+    sample_rate: float = Field(0.25, ge=0, le=1, description="base rate (validator config sample_rate)")
+    regrade_s: float = Field(0.05, ge=0, description="validator time per regraded group")
+    prefill_s: float = Field(0.2, ge=0, description="validator time per log-prob recomputation (one prefill)")
+    poll_s: float = Field(1.0, gt=0, description="validator round period")
+    probation_s: float = Field(60.0, ge=0)
+
+
+class Gossip(Strict):
+    peer_wait_s: float = Field(1.0, ge=0, description="worker config peer_wait_s")
+    max_gap: int = Field(8, ge=1)
+    sync_poll_s: float = Field(0.5, gt=0, description="worker config sync_poll_s (prefetch of a newer version)")
+    trainer_fanout: int = Field(0, ge=0, description="what-if: the trainer serves each delta to at most this many "
+                                "workers, the others wait for a peer (0: unlimited, the product today)")
+
+
+class Trainers(Strict):
+    count: int = Field(1, ge=1)
+    averaging_timeout_s: float = Field(5.0, ge=0, description="how long a ready trainer waits for cotrainers")
+    lost_at_s: float = Field(-1.0, description="when one trainer dies (< 0: never)")
+    reconnect_s: float = Field(30.0, ge=0, description="how long its workers take to move to another trainer")
+
+
+class Scenario(Strict):
+    """One simulated run."""
+
+    name: str = "custom"
+    seed: int = 0
+    hours: float = Field(1.0, gt=0)
+    workers: int = Field(100, ge=1, description="workers at the start")
+    gpu_mix: dict[str, float] = Field(default_factory=lambda: {"rtx3060": 0.3, "rtx3090": 0.3, "rtx4090": 0.25,
+                                                               "a100": 0.15})
+    job_start_s: float = Field(0.0, ge=0, description="from submission to the job's record being found")
+    timeline_every_s: float = Field(60.0, gt=0)
+    job: JobShape = JobShape()
+    trainers: Trainers = Trainers()
+    churn: Churn = Churn()
+    network: Network = Network()
+    cheaters: Cheating = Cheating()
+    validation: Validation = Validation()
+    gossip: Gossip = Gossip()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Scenario:
+        unknown = sorted(set(self.gpu_mix) - set(GPU_CLASSES))
+        if unknown:
+            raise ValueError(f"gpu_mix: unknown GPU class(es) {unknown} (known: {', '.join(GPU_CLASSES)})")
+        if any(v < 0 for v in self.gpu_mix.values()) or sum(self.gpu_mix.values()) <= 0:
+            raise ValueError("gpu_mix: shares must be >= 0 and not all zero")
+        if self.trainers.count > self.workers:
+            raise ValueError(f"trainers.count: {self.trainers.count} trainers for {self.workers} workers "
+                             "(more trainers than peers)")
+        if self.trainers.lost_at_s >= 0 and self.trainers.count < 2:
+            raise ValueError("trainers.lost_at_s: losing the only trainer ends the job; use count >= 2")
+        return self
+
+    @property
+    def seconds(self) -> float:
+        return self.hours * 3600.0
+
+
+CHURN_PRESETS: dict[str, dict[str, float]] = {
+    "none": {"joins_per_hour": 0.0, "median_session_s": 0.0},
+    "low": {"joins_per_hour_per_worker": 0.1, "median_session_s": 4 * 3600.0},
+    # a third of the workers gone within the hour: Lomax (Pareto II) at tail index 1.2 with median
+    # 7000 s has P(session < 1 h) = 1 - (1 + 3600/8957)**-1.2 = 0.33; joins replace them
+    "high": {"joins_per_hour_per_worker": 0.35, "median_session_s": 7000.0},
+}
+
+
+def churn_preset(name: str, workers: int) -> dict[str, float]:
+    """`--churn none|low|high` as Churn fields for `workers` starting workers."""
+    if name not in CHURN_PRESETS:
+        raise ValueError(f"churn: unknown preset {name!r} (known: {', '.join(CHURN_PRESETS)})")
+    p = dict(CHURN_PRESETS[name])
+    p["joins_per_hour"] = p.pop("joins_per_hour_per_worker", 0.0) * workers
+    return p
+
+
+def load_scenario(path: Path | None, overrides: dict | None = None) -> Scenario:
+    """A scenario from a TOML file (or the defaults) with nested `overrides` on top."""
+    data: dict = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except FileNotFoundError:
+            raise ValueError(f"scenario: no such file {path}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ValueError(f"scenario: {path} is not valid TOML ({exc})") from None
+    return Scenario.model_validate(_merge(data, overrides or {}))
+
+
+def _merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out.get(k, {}), v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def scenario_error(exc: ValidationError) -> str:
+    """One line naming the first offending field."""
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    return f"{where}: {msg}" if where and not msg.startswith(where) else msg

@@ -1,0 +1,185 @@
+"""A trainer on the simulated clock: the real lease book and admission checks, a pending pool, bans.
+
+What runs for real: `protocol.leases.LeaseBook` (issue, expire, revoke, re-issue; times injected),
+the backlog rule (`BACKLOG_BATCHES`), `protocol.admission`'s batch and group checks on stand-in
+protobufs, `verdicts.is_attributable` / `STRIKES_TO_BAN` for strikes, probation as the trainer's
+`trainable_cutoff` reads it, and the staleness window at admission and at the step. What is not:
+the ledger (a deque), signatures (a mode flag says a batch's signature is forged) and the model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from dataclasses import dataclass
+
+from swarmrl.protocol import admission as adm
+from swarmrl.protocol.leases import BACKLOG_BATCHES, LeaseBook
+from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.verdicts import BAD_SIGNATURE_ON_OWN_LEASE, STRIKES_TO_BAN, is_attributable
+from swarmrl.simulations import cheaters as ch
+from swarmrl.simulations.metrics import Metrics
+from swarmrl.simulations.network import Uplink
+from swarmrl.simulations.population import Worker
+from swarmrl.simulations.scenario import JobShape
+
+EXPIRE_EVERY_MS = 1000   # the product expires leases on every lease request; once a second here
+JOB_ID = "sim-job"
+
+
+@dataclass(eq=False)
+class Pending:
+    """An admitted group waiting for a step."""
+
+    peer: Worker
+    version: int
+    admitted_s: float
+
+
+class SimTrainer:
+    """One trainer of the job (prompt shard `rank` of `count`)."""
+
+    def __init__(self, rank: int, count: int, job: JobShape, uplink: Uplink, metrics: Metrics,
+                 probation_s: float) -> None:
+        self.rank, self.job, self.uplink, self.m = rank, job, uplink, metrics
+        self.book = LeaseBook(JOB_ID, ttl_ms=int(job.lease_ttl_s * 1000), shard=(rank, count))
+        self.lim = ch.limits(job.max_async_level)
+        self.sampling = pb.SamplingParams(n=job.group_size)
+        self.pending: deque[Pending] = deque()
+        self.strikes: Counter[str] = Counter()
+        self.banned: set[str] = set()
+        self.exposed: set[str] = set()      # leases with a batch recorded (SampleAdmitted shows them)
+        self.issued: Counter[int] = Counter()
+        self.alive = True
+        self.probation_s = probation_s
+        self._expired_ms = -math.inf
+        self.now_s = 0.0
+
+    # ---- leases
+    def request_lease(self, w: Worker, now_s: float, version: int, done: bool) -> tuple[str, pb.Lease | None]:
+        """("lease", lease) or a refusal: "banned", "job_done", "busy" (as admission.request_lease)."""
+        now = int(now_s * 1000)
+        if w.peer_id in self.banned:
+            return adm.BANNED, None
+        if done:
+            return "job_done", None
+        self.expire(now)
+        if len(self.pending) >= BACKLOG_BATCHES * self.job.batch_groups:
+            return "busy", None
+        lease = self.book.issue(w.peer_id, self.job.prompts_per_lease, version, self.sampling, now)
+        self.issued.update(lease.prompt_indices)
+        self.m.count("leases_issued")
+        return "lease", lease
+
+    def expire(self, now_ms: int) -> None:
+        if now_ms - self._expired_ms < EXPIRE_EVERY_MS:
+            return
+        self._expired_ms = now_ms
+        self.m.count("leases_expired", len(self.book.expire(now_ms)))
+
+    # ---- admission
+    def submit(self, w: Worker, lease: pb.Lease, now_s: float, version: int) -> list[Pending]:
+        """Admit (or refuse) the batch `w` returns for `lease`; returns the admitted groups."""
+        now, self.now_s = int(now_s * 1000), now_s
+        n = len(lease.prompt_indices)
+        self.m.count("groups_generated", n)
+        if w.mode == ch.FORGED_SIGNATURE:
+            return self._forged(w, lease, n)
+        if w.mode == ch.REPLAY:
+            return self._replay(w, lease, now, version)
+        reason = ch.batch_reason(w.peer_id, self.book.get(lease.lease_id), JOB_ID, now_ms=now, seen=False,
+                                 banned=self.banned)
+        if reason:
+            return self._refuse(w, lease, reason, n)
+        self.exposed.add(lease.lease_id)
+        admitted, indices = [], []
+        for index in lease.prompt_indices:
+            reason = ch.group_reason(w.mode, lease, index, version, self.lim)
+            if reason:
+                self._refuse(w, lease, reason, 1)
+                continue
+            indices.append(index)
+            admitted.append(Pending(w, lease.policy_version, now_s))
+        self.book.record_answers(lease.lease_id, indices)
+        self.pending.extend(admitted)
+        self.m.count("groups_admitted", len(admitted))
+        self.m.ingest(now_s, len(admitted))
+        return admitted
+
+    def _forged(self, w: Worker, lease: pb.Lease, n: int) -> list[Pending]:
+        if self.book.get(lease.lease_id) is not None and lease.lease_id not in self.exposed:
+            self._strike(w, BAD_SIGNATURE_ON_OWN_LEASE, lease, n)
+        self.m.reject(adm.BAD_SIGNATURE, n)
+        return []
+
+    def _replay(self, w: Worker, lease: pb.Lease, now: int, version: int) -> list[Pending]:
+        """An earlier admitted batch verbatim (replay, no blame), then earlier groups re-signed under
+        its own lease (not in the lease: signed, so one strike each)."""
+        self.m.reject(ch.batch_reason(w.peer_id, lease, JOB_ID, now_ms=now, seen=True, banned=self.banned), 1)
+        foreign = max(lease.prompt_indices) + 10**9
+        reason = ch.group_reason(w.mode, lease, foreign, version, self.lim)
+        self._refuse(w, lease, reason, ch.REPLAY_GROUPS)
+        self.m.count("groups_generated", ch.REPLAY_GROUPS - len(lease.prompt_indices))
+        return []
+
+    def _refuse(self, w: Worker, lease: pb.Lease, reason: str, n: int) -> list[Pending]:
+        self.m.reject(reason, n)
+        if is_attributable(reason):
+            self._strike(w, reason, lease, n)
+        return []
+
+    def _strike(self, w: Worker, reason: str, lease: pb.Lease, n: int) -> None:
+        """One strike per provably wrong group; the batch's lease is revoked; STRIKES_TO_BAN ban."""
+        self.strikes[w.peer_id] += n
+        self.book.revoke([lease.lease_id])
+        if self.strikes[w.peer_id] >= STRIKES_TO_BAN and w.peer_id not in self.banned:
+            self.m.ban_reason(w, f"admission:{reason}")
+            w.banned_s = min(w.banned_s, self.now_s)
+            self.m.waste("banned", self.ban(w))
+
+    def ban(self, w: Worker) -> int:
+        """Ban the peer here: revoke its open leases, drop its untrained groups; returns how many."""
+        self.banned.add(w.peer_id)
+        self.book.revoke(self.book.open_of(w.peer_id))
+        keep = deque(p for p in self.pending if p.peer is not w)
+        dropped = len(self.pending) - len(keep)
+        self.pending = keep
+        return dropped
+
+    # ---- steps
+    def drop_stale(self, version: int) -> None:
+        """Drop pending groups outside the staleness window of `version` (ledger.drop_stale at a step)."""
+        floor = version - self.job.max_async_level
+        keep = deque(p for p in self.pending if p.version >= floor)
+        self.m.waste("stale", len(self.pending) - len(keep))
+        self.pending = keep
+
+    def _ready(self, now_s: float) -> list[Pending]:
+        """Up to `batch_groups` trainable groups, oldest first: past probation (the peer passed a
+        check, or the group is `probation_s` old; job.trainable_cutoff)."""
+        if len(self.pending) < self.job.batch_groups:
+            return []
+        cutoff, out = now_s - self.probation_s, []
+        for p in self.pending:
+            if self.probation_s <= 0 or p.peer.passed_s <= now_s or p.admitted_s <= cutoff:
+                out.append(p)
+                if len(out) == self.job.batch_groups:
+                    break
+        return out
+
+    def has_batch(self, now_s: float) -> bool:
+        return len(self._ready(now_s)) == self.job.batch_groups
+
+    def take_batch(self, now_s: float) -> list[Pending]:
+        """Take the next batch (up to `batch_groups` trainable groups) off the pending pool."""
+        batch = self._ready(now_s)
+        taken = set(map(id, batch))
+        self.pending = deque(p for p in self.pending if id(p) not in taken)
+        return batch
+
+    def die(self) -> int:
+        """The trainer is gone: its pending groups and open leases are lost; returns the groups."""
+        self.alive = False
+        lost = len(self.pending)
+        self.pending.clear()
+        return lost

@@ -1,0 +1,72 @@
+"""A worker's session as one SimPy process: find the job, catch up, then lease rounds until it leaves.
+
+One round is one event (lease -> catch up -> generate -> grade -> sign -> submit, as
+`JobSession.work_once`), timed by the worker's speed and links; a worker told "busy" waits for the
+trainer to free a slot and retries at its next poll (no event per poll); a worker whose session
+ends mid-lease crashes there: its lease stays open in the trainer's LeaseBook until it expires
+and its prompts are handed out again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import TYPE_CHECKING
+
+from swarmrl.protocol import admission as adm
+from swarmrl.protocol.leases import BUSY_RETRY_MS
+from swarmrl.simulations.network import send_s
+from swarmrl.simulations.population import Worker
+
+if TYPE_CHECKING:
+    from swarmrl.simulations.world import World
+
+JOB_POLL_S = 1.0   # worker config poll_s: how often a worker looks for jobs
+
+
+def worker_life(world: World, w: Worker) -> Generator:
+    """The process of one worker session."""
+    env = world.env
+    yield env.timeout(max(0.0, world.sc.job_start_s - env.now) + world.rng.uniform(0, JOB_POLL_S))
+    if env.now >= w.leaves_s:
+        world.leave(w)
+        return
+    world.join(w)
+    while env.now < w.leaves_s:
+        tr = world.trainers[w.trainer]
+        if not tr.alive:
+            yield env.timeout(world.sc.trainers.reconnect_s)
+            world.reassign(w)
+            continue
+        status, lease = tr.request_lease(w, env.now, world.version, world.done)
+        if status in (adm.BANNED, "job_done"):
+            break
+        if status == "busy":
+            world.waiting[tr.rank] += 1
+            yield world.slot_freed[tr.rank]
+            world.waiting[tr.rank] -= 1
+            yield env.timeout(world.rng.uniform(0, BUSY_RETRY_MS / 1000))
+            continue
+        assert lease is not None
+        n = len(lease.prompt_indices)
+        gen_s = n * world.sc.job.group_size * world.profile.tokens_per_completion / w.tokens_per_s \
+            + world.profile.round_overhead_s
+        rollout_bytes = int(n * world.sc.job.group_size * world.profile.tokens_per_completion
+                            * world.profile.rollout_bytes_per_token)
+        ready = world.gossip.held_at(w, lease.policy_version)
+        start = max(env.now + 2 * send_s(w.region, tr.uplink.region, w.uplink.up_bps, 200), ready)
+        end = start + gen_s + send_s(w.region, tr.uplink.region, w.uplink.up_bps, rollout_bytes)
+        if end >= w.leaves_s:   # crashes mid-lease: the lease expires at the trainer
+            yield env.timeout(max(0.0, w.leaves_s - env.now))
+            world.metrics.count("groups_generated", n)
+            world.metrics.waste("churn", n)
+            break
+        yield env.timeout(end - env.now)
+        w.generating_s += gen_s
+        if not tr.alive:
+            world.metrics.count("groups_generated", n)
+            world.metrics.waste("trainer_lost", n)
+            continue
+        w.first_submit_s = min(w.first_submit_s, env.now)
+        admitted = tr.submit(w, lease, env.now, world.version)
+        world.validators.review(w, list(lease.prompt_indices[: len(admitted)]), lease.policy_version, env.now)
+    world.leave(w)

@@ -1,0 +1,181 @@
+"""The simulated swarm: one SimPy environment with the job's trainers, validators, gossip and workers.
+
+Processes: one per worker session (worker.py), the Poisson arrivals of new workers, the job's
+step clock (trainers average: a step starts when every live trainer has a full trainable batch,
+or `averaging_timeout_s` after the first had one, with those that have one), the loss of a
+trainer, and the timeline sampler. `World.run` advances the clock in slices so a run can stop
+between them (Ctrl-C) and report how far it got.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Generator
+
+import simpy
+
+from swarmrl.protocol.leases import BACKLOG_BATCHES
+from swarmrl.simulations.gossip import DeltaSpread
+from swarmrl.simulations.metrics import Metrics
+from swarmrl.simulations.network import MBIT, Uplink
+from swarmrl.simulations.population import Population, Worker
+from swarmrl.simulations.profiles import MODEL_PROFILES
+from swarmrl.simulations.regions import one_way_s
+from swarmrl.simulations.scenario import Scenario
+from swarmrl.simulations.trainer import SimTrainer
+from swarmrl.simulations.validator import Validators
+from swarmrl.simulations.worker import worker_life
+
+TRAINER_REGIONS = ("na", "eu", "asia")
+
+
+class World:
+    """Everything of one run; built from a scenario, advanced by `run`."""
+
+    def __init__(self, sc: Scenario) -> None:
+        self.sc, self.env = sc, simpy.Environment()
+        self.profile = MODEL_PROFILES[sc.job.model]
+        self.rng = random.Random(f"world/{sc.seed}")
+        self.metrics = Metrics()
+        self.population = Population(sc, self.profile)
+        n = sc.trainers.count
+        self.trainers = [SimTrainer(r, n, sc.job, Uplink(TRAINER_REGIONS[r % 3], sc.network.trainer_up_mbit * MBIT),
+                                    self.metrics, sc.validation.probation_s if sc.validation.validators else 0.0)
+                         for r in range(n)]
+        self.gossip = DeltaSpread(sc.gossip, self.profile.delta_bytes, self.profile.snapshot_bytes,
+                                  sc.network.announce_s, sc.seed, lambda w: self.trainers[w.trainer].uplink)
+        self.validators = Validators(sc.validation, sc.seed, self.metrics, self.schedule, self.ban)
+        self.version, self.done = 0, False
+        self.workers: list[Worker] = []
+        self.live: dict[int, Worker] = {}
+        self.waiting = [0] * n
+        self.slot_freed = [self.env.event() for _ in range(n)]
+        for _ in range(sc.workers):
+            self.spawn()
+        self.env.process(self._arrivals())
+        self.env.process(self._step_clock())
+        self.env.process(self._sampler())
+        if sc.trainers.lost_at_s >= 0:
+            self.schedule(sc.trainers.lost_at_s, self._lose_trainer)
+
+    # ---- plumbing
+    def schedule(self, at_s: float, fn: Callable[[], None]) -> None:
+        ev = self.env.timeout(max(0.0, at_s - self.env.now))
+        ev.callbacks.append(lambda _ev: fn())
+
+    def spawn(self) -> Worker:
+        w = self.population.make(self.env.now)
+        self.reassign(w)
+        self.workers.append(w)
+        self.env.process(worker_life(self, w))
+        return w
+
+    def reassign(self, w: Worker) -> None:
+        alive = [t.rank for t in self.trainers if t.alive]
+        w.trainer = alive[self.rng.randrange(len(alive))]
+
+    def join(self, w: Worker) -> None:
+        self.live[w.idx] = w
+        self.gossip.join(w, self.env.now)
+
+    def leave(self, w: Worker) -> None:
+        w.alive = False
+        w.leaves_s = min(w.leaves_s, self.env.now)
+        self.live.pop(w.idx, None)
+
+    def ban(self, w: Worker, why: str) -> None:
+        """A validator's failed banning check reached the trainers: every trainer bans the peer."""
+        self.metrics.ban_reason(w, why)
+        w.banned_s = min(w.banned_s, self.env.now)
+        for t in self.trainers:
+            if w.peer_id not in t.banned:
+                self.metrics.waste("banned", t.ban(w))
+
+    # ---- processes
+    def _arrivals(self) -> Generator:
+        rate = self.sc.churn.joins_per_hour / 3600.0
+        if rate <= 0:
+            return
+        while True:
+            yield self.env.timeout(self.rng.expovariate(rate))
+            self.spawn()
+
+    def _step_clock(self) -> Generator:
+        job, prof = self.sc.job, self.profile
+        tick = max(0.01, min(0.25, prof.step_s(job.batch_groups) / 4))
+        first_ready = None
+        while not self.done:
+            yield self.env.timeout(tick)
+            self._wake_waiters()
+            alive = [t for t in self.trainers if t.alive]
+            ready = [t for t in alive if t.has_batch(self.env.now)]
+            if not ready:
+                first_ready = None
+                continue
+            if len(ready) < len(alive):
+                first_ready = self.env.now if first_ready is None else first_ready
+                if self.env.now - first_ready < self.sc.trainers.averaging_timeout_s:
+                    continue
+            first_ready = None
+            trained = sum(len(t.take_batch(self.env.now)) for t in ready)
+            yield self.env.timeout(self._step_s(len(ready)))
+            self._publish(trained)
+
+    def _step_s(self, trainers: int) -> float:
+        step = self.profile.step_s(self.sc.job.batch_groups) + self.profile.publish_s
+        if trainers > 1:   # a ring all-reduce of the LoRA gradients between the trainers
+            step += 2 * self.profile.delta_bytes / (self.sc.network.trainer_up_mbit * MBIT) + 2 * one_way_s("na", "asia")
+        return step
+
+    def _publish(self, trained: int) -> None:
+        self.version += 1
+        self.metrics.steps.append((self.env.now, self.version, trained))
+        for t in self.trainers:
+            if t.alive:
+                t.drop_stale(self.version)
+        self.gossip.publish(self.version, self.env.now, list(self.live.values()))
+        if self.sc.job.steps and self.version >= self.sc.job.steps:
+            self.done = True
+        self._wake_waiters()
+
+    def _wake_waiters(self) -> None:
+        for t in self.trainers:
+            if self.waiting[t.rank] and (not t.alive or self.done or
+                                         len(t.pending) < BACKLOG_BATCHES * self.sc.job.batch_groups):
+                ev, self.slot_freed[t.rank] = self.slot_freed[t.rank], self.env.event()
+                ev.succeed()
+
+    def _lose_trainer(self) -> None:
+        t = [t for t in self.trainers if t.alive][-1]
+        self.metrics.waste("trainer_lost", t.die())
+        self._wake_waiters()
+
+    def _sampler(self) -> Generator:
+        every = self.sc.timeline_every_s
+        last_admitted = 0
+        while True:
+            yield self.env.timeout(every)
+            admitted = self.metrics.counts["groups_admitted"]
+            self.metrics.timeline.append(self.row((admitted - last_admitted) / every))
+            last_admitted = admitted
+
+    def row(self, ingest: float) -> dict:
+        m = self.metrics
+        return {"t_s": round(self.env.now, 1), "version": self.version, "live_workers": len(self.live),
+                "waiting_workers": sum(self.waiting), "pending_groups": sum(len(t.pending) for t in self.trainers),
+                "groups_admitted": m.counts["groups_admitted"], "groups_wasted": sum(m.wasted.values()),
+                "cheaters_banned": sum(1 for w in self.workers if w.cheater and w.banned_s <= self.env.now),
+                "trainer_upload_bytes": self.gossip.trainer_bytes, "peer_upload_bytes": self.gossip.peer_bytes,
+                "ingest_groups_per_s": round(ingest / max(1, sum(t.alive for t in self.trainers)), 3)}
+
+    # ---- running
+    def run(self, until_s: float, should_stop: Callable[[], bool], slice_s: float = 60.0,
+            progress: Callable[[float], None] | None = None) -> float:
+        """Advance to `until_s` (or the job's end); returns the simulated time reached."""
+        while self.env.now < until_s and not self.done and not should_stop():
+            self.env.run(until=min(until_s, self.env.now + slice_s))
+            if progress is not None:
+                progress(self.env.now)
+        for t in self.trainers:
+            self.metrics.count("prompts_reissued", sum(c - 1 for c in t.issued.values() if c > 1))
+        return self.env.now
