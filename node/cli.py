@@ -7,6 +7,7 @@
     swarmrl fetch JOB --trainer HOST:PORT --out DIR
     swarmrl up [--model tiny|gemma] [--steps N] [--workers K] [--out DIR]
     swarmrl eval --adapter DIR
+    swarmrl dashboard --trainer HOST:PORT [--job JOB] [--port N]
 """
 
 from __future__ import annotations
@@ -87,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
                     "base_model_only, stale_version, prompt_swap, copycat, nan_logprobs")
     up.add_argument("-j", "--job", dest="job_overrides", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a built-in job field (JSON values), repeatable")
+    d = sub.add_parser("dashboard", help="serve a trainer's live job pages here, polling its gRPC status")
+    d.add_argument("--trainer", required=True, metavar="HOST:PORT")
+    d.add_argument("--job", action="append", default=[], metavar="JOB_ID", help="list this job on the index page")
+    d.add_argument("--host", default="127.0.0.1", help="where the page listens (loopback unless told)")
+    d.add_argument("--port", type=int, default=8080, help="0: any free port")
     e = sub.add_parser("eval", help="held-out greedy accuracy: base model vs adapter")
     e.add_argument("--adapter", type=Path, required=True)
     e.add_argument("--model", default=None, help="base model (default: from the adapter's config)")
@@ -196,6 +202,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from swarmrl.node.dashboard import run_dashboard
+
+    run_dashboard(args.trainer, args.host, args.port, args.job)
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from swarmrl.node.evaluate import run_eval
 
@@ -204,7 +217,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"keygen": cmd_keygen, "submit": cmd_submit, "status": cmd_status, "fetch": cmd_fetch, "up": cmd_up,
-            "eval": cmd_eval, **{r: cmd_role for r in ROLES}}
+            "eval": cmd_eval, "dashboard": cmd_dashboard, **{r: cmd_role for r in ROLES}}
 
 
 def main(argv: list[str] | None = None) -> int:

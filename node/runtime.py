@@ -9,6 +9,8 @@ import signal
 import threading
 from pathlib import Path
 
+from swarmrl.node.logjson import apply_log_format, set_log_context
+
 
 def set_threads(n: int) -> None:
     """Pin torch and BLAS thread pools to `n` (several torch processes share 2 cores)."""
@@ -26,6 +28,7 @@ def set_threads(n: int) -> None:
 def setup_logging(role: str) -> None:
     level = os.environ.get("SWARMRL_LOG", "INFO").upper()
     logging.basicConfig(level=level, format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
+    apply_log_format(role)   # SWARMRL_LOG_FORMAT=json: one JSON object per line (node/logjson.py)
     for noisy in ("hivemind", "grpc", "urllib3", "filelock", "httpx"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
 
@@ -48,6 +51,7 @@ def start_role(role: str, key: Path, net, threads: int):
     set_threads(threads)
     stop = stop_event()
     identity = Identity.load_or_create(key)
+    set_log_context(peer_id=identity.peer_id)
     dht = start_dht(net.initial_peers, host=net.host, port=net.dht_port)
     return stop, identity, dht
 
