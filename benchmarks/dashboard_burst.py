@@ -1,11 +1,12 @@
 """Does a burst of page requests slow the trainer's step? The step's time with and without 200
 concurrent requests at the job page, its panel, its status JSON and /metrics.
 
-One process, as in a trainer: a tiny-model `JobRuntime` and the trainer's ops server
-(`node.trainer.ops`, status cache and all) share the interpreter, so the burst competes with the
-step for the GIL and the ledger lock, the worst case. Rounds alternate quiet and burst steps on
-the same kind of batch (admitted from a fake worker, rewards with spread); the burst starts just
-before the step. Prints, as JSON: median seconds of each, their ratio, and the burst's answers.
+As in a trainer, a tiny-model `JobRuntime` and the trainer's ops server (`node.trainer.ops`,
+status cache and all) share one interpreter, so the server's request handling competes with the
+step for the GIL and the ledger lock; the burst's clients are another process (as browsers are),
+started before the round and told to fire just before the step. Rounds alternate quiet and burst
+steps on the same kind of batch (admitted from a fake worker, rewards with spread). Prints, as
+JSON: median seconds of each, their ratio and difference, and the burst's answers.
 Usage (one torch thread, as a trainer of a local swarm has):
 
     .venv/bin/python benchmarks/dashboard_burst.py --rounds 6 --requests 200
@@ -16,8 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -69,6 +71,12 @@ def burst(urls: list[str], n: int) -> list[int]:
         return list(pool.map(get, [urls[i % len(urls)] for i in range(n)]))
 
 
+def client(n: int) -> subprocess.Popen:
+    """A process that fires `n` requests (50 at a time) at the URLs read from its stdin."""
+    return subprocess.Popen([sys.executable, __file__, "--client", str(n)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+
+
 def timed_step(job: JobRuntime) -> float:
     t0 = time.monotonic()
     job.train_step()
@@ -79,7 +87,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--client", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.client:
+        print("ready", flush=True)
+        print(json.dumps(burst(json.loads(sys.stdin.readline()), args.client)), flush=True)
+        return
     torch.set_num_threads(1)
     torch.manual_seed(0)
     cache = default_cache_dir()
@@ -102,19 +115,21 @@ def main() -> None:
                 admit_batch(job, worker, 2 * r + 1)
                 quiet.append(timed_step(job))
                 admit_batch(job, worker, 2 * r + 2)
-                result: list[int] = []
-                t = threading.Thread(target=lambda: result.extend(burst(urls, args.requests)))
-                t.start()
+                proc = client(args.requests)
+                assert proc.stdin is not None and proc.stdout is not None
+                assert proc.stdout.readline().strip() == "ready"
+                proc.stdin.write(json.dumps(urls) + "\n")
+                proc.stdin.flush()
                 loud.append(timed_step(job))
-                t.join()
-                answers += result
+                answers += json.loads(proc.stdout.readline())
+                proc.wait()
         finally:
             ops.close()
             ledger.close()
     q, b = statistics.median(quiet), statistics.median(loud)
     print(json.dumps({"rounds": args.rounds, "requests_per_burst": args.requests,
                       "step_seconds_quiet_median": round(q, 3), "step_seconds_burst_median": round(b, 3),
-                      "ratio_burst_over_quiet": round(b / q, 2), "quiet": [round(x, 3) for x in quiet],
+                      "ratio_burst_over_quiet": round(b / q, 2), "extra_seconds_per_step": round(b - q, 3), "quiet": [round(x, 3) for x in quiet],
                       "burst": [round(x, 3) for x in loud],
                       "answers": {str(c): answers.count(c) for c in sorted(set(answers))}}, indent=2))
 

@@ -88,6 +88,9 @@ def add_dashboard_routes(routes: Routes, cache: StatusCache, jobs: Callable[[], 
         parse_query(raw, set())
         return Reply(200, render.index(jobs()).encode(), HTML)
 
+    rendered: dict[tuple[str, str, int], tuple[pb.JobStatus, bytes]] = {}   # rendered once per fetched status
+    lock = threading.Lock()
+
     def job(path: str, raw: str) -> Reply:
         parts = path.strip("/").split("/")   # ["jobs", JOB] or ["jobs", JOB, what]
         if len(parts) not in (2, 3) or not JOB_ID.fullmatch(parts[1]):
@@ -99,16 +102,28 @@ def add_dashboard_routes(routes: Routes, cache: StatusCache, jobs: Callable[[], 
         st = cache.get(parts[1])
         if st is None:
             return not_found(f"unknown job {parts[1]}")
-        shown = pb.JobStatus()
-        shown.CopyFrom(st)
-        del shown.history[:-steps]
-        if what == "status.json":
-            return Reply(200, json.dumps(MessageToDict(shown)).encode(), "application/json")
-        body = render.panel(shown) if what == "panel" else render.page(shown, source)
-        return Reply(200, body.encode(), HTML)
+        key = (parts[1], what, steps)
+        with lock:
+            hit = rendered.get(key)
+        if hit is None or hit[0] is not st:
+            hit = (st, _render(st, what, steps, source))
+            with lock:
+                rendered[key] = hit
+                while len(rendered) > 64:
+                    rendered.pop(next(iter(rendered)))
+        return Reply(200, hit[1], "application/json" if what == "status.json" else HTML)
 
     routes.add("/", index)
     routes.add("/jobs/", job)
+
+
+def _render(st: pb.JobStatus, what: str, steps: int, source: str) -> bytes:
+    shown = pb.JobStatus()
+    shown.CopyFrom(st)
+    del shown.history[:-steps]
+    if what == "status.json":
+        return json.dumps(MessageToDict(shown)).encode()
+    return (render.panel(shown) if what == "panel" else render.page(shown, source)).encode()
 
 
 def local_fetch(jobs: Callable[[], dict]) -> Fetch:

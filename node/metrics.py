@@ -9,6 +9,9 @@ prefix, base units (seconds, bytes), `_total` for counters.
 
 from __future__ import annotations
 
+import math
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -18,6 +21,7 @@ from prometheus_client.registry import Collector
 from swarmrl.node.ops_http import OpsServer, Reply, Routes, parse_query, start_ops_server
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+SCRAPE_TTL_S = 1.0   # a scrape within this long of the last one gets the same exposition
 
 
 class FnCollector(Collector):
@@ -38,11 +42,20 @@ def registry_of(*fns: Callable[[], Iterable[Metric]]) -> CollectorRegistry:
     return reg
 
 
-def add_metrics_route(routes: Routes, registry: CollectorRegistry) -> None:
-    """Serve `registry` at GET /metrics (no query parameters)."""
+def add_metrics_route(routes: Routes, registry: CollectorRegistry, ttl_s: float = SCRAPE_TTL_S) -> None:
+    """Serve `registry` at GET /metrics (no query parameters). The exposition is collected at
+    most once per `ttl_s` (one collection in flight; concurrent scrapes share it), so a burst of
+    scrapes costs the role one read of its state."""
+    lock, last = threading.Lock(), [-math.inf, b""]
+
     def handler(path: str, raw: str) -> Reply:
         parse_query(raw, set())
-        return Reply(200, generate_latest(registry), CONTENT_TYPE)
+        with lock:
+            if time.monotonic() - last[0] >= ttl_s:
+                last[1] = generate_latest(registry)
+                last[0] = time.monotonic()
+            body = last[1]
+        return Reply(200, body, CONTENT_TYPE)
     routes.add("/metrics", handler)
 
 

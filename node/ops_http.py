@@ -2,8 +2,10 @@
 
 Routes are exact paths or `prefix/` paths mapped to handlers that return `Reply`s; only GET and
 HEAD are served (405 otherwise), an unknown path is 404, a malformed query is 400 (`BadQuery`).
-Each request runs on its own daemon thread and reads state through the role's own accessors, so
-the server never holds a lock the role's main loop waits on. Bound to loopback unless configured.
+Requests are served by a small pool of threads (`WORKERS`; a burst queues instead of spawning a
+thread per request that would fight the role for the GIL), one request per connection, with a
+socket timeout so a slow client can't hold a thread. Handlers read state through the role's own
+accessors and never hold a lock the role's main loop waits on. Bound to loopback unless configured.
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 log = logging.getLogger(__name__)
 MAX_QUERY = 1024   # characters; longer queries are malformed here
+WORKERS = 4        # threads serving requests
+SOCKET_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -95,7 +100,8 @@ class Routes:
 
 class _Handler(BaseHTTPRequestHandler):
     server: OpsServer
-    protocol_version = "HTTP/1.1"
+    protocol_version = "HTTP/1.0"   # one request per connection: an idle keep-alive can't pin a worker
+    timeout = SOCKET_TIMEOUT_S
 
     def do_GET(self) -> None:
         self._answer(head=False)
@@ -132,17 +138,28 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("ops http %s: " + format, self.client_address[0], *args)
 
 
-class OpsServer(ThreadingHTTPServer):
+class OpsServer(HTTPServer):
     """The HTTP server of one role (start with `start_ops_server`)."""
 
-    daemon_threads = True
     request_queue_size = 256
 
     def __init__(self, host: str, port: int, routes: Routes) -> None:
         super().__init__((host, port), _Handler)
         self.routes = routes
+        self.pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="ops-http")
         self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.5},
                                        name="ops-http", daemon=True)
+
+    def process_request(self, request, client_address) -> None:
+        self.pool.submit(self._serve_one, request, client_address)
+
+    def _serve_one(self, request, client_address) -> None:
+        try:
+            self.finish_request(request, client_address)
+        except Exception:  # noqa: BLE001 - a broken connection: log it, keep serving
+            self.handle_error(request, client_address)
+        finally:
+            self.shutdown_request(request)
 
     @property
     def port(self) -> int:
@@ -154,6 +171,7 @@ class OpsServer(ThreadingHTTPServer):
 
     def close(self) -> None:
         self.shutdown()
+        self.pool.shutdown(wait=False, cancel_futures=True)
         self.server_close()
 
 

@@ -51,10 +51,10 @@ def validator_metrics(service: ValidatorService) -> Iterator[Metric]:
     f = Families()
     s = service.stats
     for job, n in sorted(s.groups.items()):
-        f.counter(P + "groups_checked_total", "admitted groups put through the ladder", {"job": job}, n)
+        f.counter(P + "groups_checked_total", "admitted groups put through the ladder", {"job_id": job}, n)
     for (job, check, result), n in sorted(s.verdicts.items()):
         f.counter(P + "verdicts_total", "verdicts sent to trainers, by check (the failed rung, or 'all') and result",
-                  {"job": job, "check": check, "result": result}, n)
+                  {"job_id": job, "check": check, "result": result}, n)
     rungs: CheckStats = CheckStats()
     for v in list(service.validators.values()):
         rungs.groups.update(v.stats.groups)

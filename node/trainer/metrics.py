@@ -37,8 +37,8 @@ def trainer_metrics(trainer: Trainer) -> Iterator[Metric]:
 
 
 def job_families(f: Families, job: JobRuntime) -> None:
-    """One job's samples (label `job`)."""
-    j = {"job": job.job_id}
+    """One job's samples (label `job_id`)."""
+    j = {"job_id": job.job_id}
     ledger, job_id = job.ledger, job.job_id
     counts = ledger.group_counts(job_id)
     f.counter(P + "groups_admitted_total", "groups admitted (committed to the ledger)", j, sum(counts.values()))

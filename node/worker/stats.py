@@ -66,7 +66,7 @@ def retired(session: JobSession) -> SimpleNamespace:
 
 
 def session_families(f: Families, job_id: str, session: JobSession) -> None:
-    j, s = {"job": job_id}, session.stats
+    j, s = {"job_id": job_id}, session.stats
     f.counter(P + "generated_tokens_total", "completion tokens generated", j, s.tokens)
     f.counter(P + "generate_seconds_total", "wall time spent generating (tokens/s = rate of the two)", j,
               s.generate_seconds)

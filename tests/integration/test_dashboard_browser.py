@@ -107,6 +107,18 @@ def test_dashboard_in_a_browser(swarm) -> None:
             for role, name in (("worker0", "swarmrl_worker_rollouts_generated_total"),
                                ("trainer", "swarmrl_trainer_steps_total"), ("validator", "swarmrl_validator_peers")):
                 assert name in _get(endpoints["metrics"][role])[1], role
+            job_id = endpoints["dashboard"].rsplit("/", 1)[1]
+            remote = subprocess.Popen([sys.executable, "-m", "swarmrl.node.cli", "dashboard", "--trainer", trainer,
+                                       "--job", job_id, "--port", "0"], stdout=subprocess.PIPE, text=True)
+            try:   # `swarmrl dashboard` serves the same page through the trainer's gRPC status
+                url = remote.stdout.readline().strip()
+                assert url.endswith(f"/jobs/{job_id}")
+                code, body = _get(url + "/panel")
+                assert code == 200 and "class='chart'" in body and "data-role='worker'" in body
+                assert _get(url + "?steps=x")[0] == 400 and _get(url[: -len(job_id)] + "0" * 32)[0] == 404
+            finally:
+                remote.send_signal(signal.SIGINT)
+                remote.wait(30)
             (ROOT / "runs").mkdir(exist_ok=True)
             page.screenshot(path=str(ROOT / "runs" / "dashboard-browser.png"), full_page=True)
 

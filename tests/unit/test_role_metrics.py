@@ -43,15 +43,15 @@ def test_trainer_metrics_read_the_ledger(tmp_path) -> None:
         got = _scrape(lambda: trainer_metrics(SimpleNamespace(jobs={"j1": job}, unrouted_rejections=4)))
     finally:
         ledger.close()
-    j = (("job", "j1"),)
-    assert got[("swarmrl_trainer_groups_rejected_total", (("job", "j1"), ("reason", "stale")))] == 3
+    j = (("job_id", "j1"),)
+    assert got[("swarmrl_trainer_groups_rejected_total", (("job_id", "j1"), ("reason", "stale")))] == 3
     assert got[("swarmrl_trainer_steps_total", j)] == 1
     assert got[("swarmrl_trainer_step_seconds_total", j)] == 2.0
     assert got[("swarmrl_trainer_reward", j)] == 0.5 and got[("swarmrl_trainer_ess_ratio", j)] == 0.8
     assert got[("swarmrl_trainer_staleness_versions", j)] == 0.25
     assert got[("swarmrl_trainer_groups_on_probation", j)] == 2
     assert got[("swarmrl_trainer_banned_peers", j)] == 1
-    assert got[("swarmrl_trainer_adapter_served_bytes_total", (("job", "j1"), ("requester", "worker")))] == 100
+    assert got[("swarmrl_trainer_adapter_served_bytes_total", (("job_id", "j1"), ("requester", "worker")))] == 100
     assert got[("swarmrl_trainer_unrouted_batches_total", ())] == 4
 
 
@@ -65,15 +65,15 @@ def test_worker_metrics_read_the_sessions() -> None:
                               sync=SimpleNamespace(stats=SimpleNamespace(bytes_from_peers=10, bytes_from_trainer=20),
                                                    gossip=None))
     got = _scrape(lambda: worker_metrics(SimpleNamespace(sessions={"j1": session}, retired={})))
-    j = (("job", "j1"),)
+    j = (("job_id", "j1"),)
     assert got[("swarmrl_worker_generated_tokens_total", j)] == 400
     assert got[("swarmrl_worker_tokens_per_second", j)] == 200
     assert got[("swarmrl_worker_rollouts_generated_total", j)] == 8
-    assert got[("swarmrl_worker_groups_refused_total", (("job", "j1"), ("reason", "stale")))] == 2
-    assert got[("swarmrl_worker_leases_refused_total", (("job", "j1"), ("reason", "busy")))] == 1
+    assert got[("swarmrl_worker_groups_refused_total", (("job_id", "j1"), ("reason", "stale")))] == 2
+    assert got[("swarmrl_worker_leases_refused_total", (("job_id", "j1"), ("reason", "busy")))] == 1
     assert got[("swarmrl_worker_adapter_version_lag", j)] == 2
     assert got[("swarmrl_worker_adapter_catchup_seconds_total", j)] == 0.5
-    assert got[("swarmrl_worker_adapter_received_bytes_total", (("job", "j1"), ("source", "peer")))] == 10
+    assert got[("swarmrl_worker_adapter_received_bytes_total", (("job_id", "j1"), ("source", "peer")))] == 10
 
 
 def test_validator_metrics_read_the_tallies() -> None:
@@ -86,7 +86,7 @@ def test_validator_metrics_read_the_tallies() -> None:
     service = SimpleNamespace(stats=stats, validators={"sha": SimpleNamespace(stats=rungs)},
                               reputation=SimpleNamespace(peers=list))
     got = _scrape(lambda: validator_metrics(service))
-    assert got[("swarmrl_validator_groups_checked_total", (("job", "j1"),))] == 4
-    assert got[("swarmrl_validator_verdicts_total", (("check", "logprob"), ("job", "j1"), ("result", "failed")))] == 1
+    assert got[("swarmrl_validator_groups_checked_total", (("job_id", "j1"),))] == 4
+    assert got[("swarmrl_validator_verdicts_total", (("check", "logprob"), ("job_id", "j1"), ("result", "failed")))] == 1
     assert got[("swarmrl_validator_check_seconds_total", (("check", "regrade"),))] == 0.3
     assert got[("swarmrl_validator_check_groups_total", (("check", "regrade"),))] == 2
