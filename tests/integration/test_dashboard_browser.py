@@ -2,7 +2,8 @@
 role's /metrics answers, headless Chromium (Debian's, driven by Playwright through its executable
 path) watches the reward chart grow to two steps without a reload, the peer table's workers are
 the peers `swarmrl status --json` lists, a burst of 200 requests at the pages doesn't stop the
-next step, and a screenshot goes to runs/dashboard-browser.png.
+next step, `swarmrl dashboard --trainer` serves the same page over gRPC, and a screenshot goes
+to runs/dashboard-browser.png.
 
 Skips, with the reason, where Playwright or Chromium is missing (scripts/run_tests.sh installs
 Chromium where it can).
