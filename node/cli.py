@@ -7,6 +7,7 @@
     swarmrl fetch JOB --trainer HOST:PORT --out DIR
     swarmrl up [--model tiny|gemma] [--steps N] [--workers K] [--out DIR]
     swarmrl simulate [--scenario FILE] [--workers N] [--trainers K] [--hours H] [--cheaters SHARE] [--churn LEVEL]
+    swarmrl dashboard --trainer HOST:PORT [--job JOB] [--port N]
     swarmrl eval --adapter DIR
 
 Arguments, files and configs are checked before torch, transformers, hivemind or peft are
@@ -197,6 +198,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_simulate_arguments(_add(sub, "simulate", "simulate the swarm at scale on a simulated clock "
                                 "(SimPy; simulations/README.md)"))
+    d = _add(sub, "dashboard", "serve a trainer's live job pages here, polling its gRPC status")
+    d.add_argument("--trainer", required=True, type=_endpoint, metavar="HOST:PORT", help="the trainer's gRPC endpoint")
+    d.add_argument("--job", action="append", default=[], metavar="JOB_ID", help="list this job on the index page")
+    d.add_argument("--host", default="127.0.0.1", help="where the page listens (loopback unless told)")
+    d.add_argument("--port", type=int, default=8080, help="0: any free port")
     return parser
 
 
@@ -471,6 +477,13 @@ def _check_writable(path: Path, what: str) -> None:
         raise UsageError(f"{what} {str(path)!r}: folder {str(probe)!r} is not writable")
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from swarmrl.node.dashboard import run_dashboard
+
+    run_dashboard(args.trainer, args.host, args.port, args.job)
+    return 0
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     if not (args.adapter / "adapter_config.json").is_file():
         raise UsageError(f"--adapter {str(args.adapter)!r} is not a PEFT adapter folder (no adapter_config.json); "
@@ -482,7 +495,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"keygen": cmd_keygen, "submit": cmd_submit, "status": cmd_status, "fetch": cmd_fetch, "up": cmd_up,
-            "eval": cmd_eval, **{r: cmd_role for r in ROLES}}
+            "eval": cmd_eval, "dashboard": cmd_dashboard, **{r: cmd_role for r in ROLES}}
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

@@ -97,6 +97,9 @@ class TrainerConfig(_Config):
     # spare snapshots above that floor (periodic ones and those rebuilt on request)
     keep_versions: int = Field(8, ge=2)
     keep_snapshots: int = Field(3, ge=1)
+    # ops HTTP (node/ops_http.py): /metrics, and on a trainer the job pages; None = off, 0 = any free port
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
 
 
 class WorkerConfig(_Config):
@@ -121,6 +124,8 @@ class WorkerConfig(_Config):
     keep_deltas: int = Field(16, ge=1)   # newest deltas kept (and served) per job
     linger_s: float = Field(2.0, ge=0)   # with exit_when_done: keep serving this long after the last job
     prefer_trainer: str | None = None    # peer id of the trainer to follow when it serves the job
+    metrics_port: int | None = Field(None, ge=0, le=65535)   # /metrics; None = off, 0 = any free port
+    metrics_host: str = "127.0.0.1"
 
     @field_validator("base_model")
     @classmethod
@@ -148,6 +153,8 @@ class ValidatorConfig(_Config):
     # the floor is raised to it
     logprob_tolerance: float | None = Field(None, gt=0)
     ready_file: Path | None = None
+    metrics_port: int | None = Field(None, ge=0, le=65535)   # /metrics; None = off, 0 = any free port
+    metrics_host: str = "127.0.0.1"
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

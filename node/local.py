@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column, Table
 
+from swarmrl.node.endpoints import collect_endpoints, describe, write_endpoints
 from swarmrl.node.jobs import builtin_job
 from swarmrl.node.models import prepare_base_model, resolve_model_name
 from swarmrl.node.runtime import DIE_WITH_PARENT
@@ -206,7 +207,7 @@ def _start_trainers(swarm: LocalSwarm, names: list[str], keys: dict[str, Identit
         swarm.start(name, "trainer", common + [
             f"key={json.dumps(str(work / 'keys' / (name + '.key')))}",
             f"state_dir={json.dumps(str(work / name))}", f"ready_file={json.dumps(str(work / (name + '.ready')))}",
-            f"trusted_validators={json.dumps([keys['validator'].peer_id])}",
+            f"trusted_validators={json.dumps([keys['validator'].peer_id])}", "metrics_port=0",
             f"threads={opts.threads.get('trainer', 1)}"] + (several if len(names) > 1 else []),
             threads=opts.threads.get("trainer", 1))
     return [swarm.wait_ready(n, work / f"{n}.ready", timeout_s=300)["endpoint"] for n in names]
@@ -225,12 +226,13 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path) -> dic
     endpoint = endpoints[0]
     swarm.start("validator", "validator", net + cache + [
         f"key={json.dumps(str(work / 'keys/validator.key'))}", f"state_dir={json.dumps(str(work / 'validator'))}",
+        f"ready_file={json.dumps(str(work / 'validator.ready'))}", "metrics_port=0",
         f"threads={opts.threads.get('validator', 1)}"], threads=opts.threads.get("validator", 1), nice=HELPER_NICE)
     for i, w in enumerate(workers):
         prefer = [f"prefer_trainer={json.dumps(keys[trainers[i % len(trainers)]].peer_id)}"] if len(trainers) > 1 else []
         swarm.start(w, "worker", net + cache + prefer + [
             f"key={json.dumps(str(work / 'keys' / (w + '.key')))}", f"base_model={json.dumps(spec.base_model)}",
-            f"ready_file={json.dumps(str(work / (w + '.ready')))}", "exit_when_done=true",
+            f"ready_file={json.dumps(str(work / (w + '.ready')))}", "exit_when_done=true", "metrics_port=0",
             f"threads={opts.threads.get('worker', 1)}", *opts.worker_overrides],
             threads=opts.threads.get("worker", 1), nice=HELPER_NICE)
     for a, mode in adversaries.items():
@@ -245,6 +247,10 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path) -> dic
         envelope = sign_job(keys["submitter"], spec)
         job_ids = {submit_signed(ep, envelope) for ep in endpoints}   # the same signed job: one job id
         job_id = job_ids.pop()
+    swarm.wait_ready("validator", work / "validator.ready")
+    ops = collect_endpoints(work, [*trainers, "validator", *workers, *adversaries], job_id)
+    write_endpoints(work, ops)
+    console.print(describe(ops))
     t0 = time.monotonic()
     disk = DiskWatch([work / t for t in trainers])
     status = _follow(swarm, endpoint, job_id, spec, opts.timeout_s, watch=["bootstrap", *trainers, "validator"],

@@ -23,6 +23,7 @@ import threading
 from pathlib import Path
 
 from swarmrl.node import procs
+from swarmrl.node.logjson import apply_log_format, set_log_context
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ def set_threads(n: int) -> None:
 def setup_logging(role: str) -> None:
     level = os.environ.get("SWARMRL_LOG", "INFO").upper()
     logging.basicConfig(level=level, format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
+    apply_log_format(role)   # SWARMRL_LOG_FORMAT=json: one JSON object per line (node/logjson.py)
     for noisy in ("hivemind", "grpc", "urllib3", "filelock", "httpx"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
 
@@ -197,6 +199,7 @@ def start_role(role: str, key: Path, net, threads: int):
     lock_key(key)
     set_threads(threads)
     identity = Identity.load_or_create(key)
+    set_log_context(peer_id=identity.peer_id)
     return stop, identity, join_swarm(net)
 
 

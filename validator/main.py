@@ -9,8 +9,10 @@ from __future__ import annotations
 import logging
 
 from swarmrl.node.config import ValidatorConfig
+from swarmrl.node.metrics import metrics_urls, start_metrics
 from swarmrl.node.runtime import start_role, write_ready
 from swarmrl.node.swarm.dht import find_jobs
+from swarmrl.validator.metrics import validator_metrics
 from swarmrl.validator.service import ValidatorService
 
 log = logging.getLogger(__name__)
@@ -20,12 +22,15 @@ def run(cfg: ValidatorConfig) -> None:
     """Start the validator and validate until SIGTERM / SIGINT."""
     stop, identity, dht = start_role("validator", cfg.key, cfg.net, cfg.threads)
     service = ValidatorService(cfg, identity)
-    write_ready(cfg.ready_file, {"peer_id": identity.peer_id})
+    ops = start_metrics(cfg.metrics_host, cfg.metrics_port, lambda: validator_metrics(service))
+    write_ready(cfg.ready_file, {"peer_id": identity.peer_id, **metrics_urls(ops)})
     log.info("validator %s started", identity.peer_id)
     try:
         while not stop.is_set():
             if not service.poll(find_jobs(dht)):
                 stop.wait(cfg.poll_s)
     finally:
+        if ops is not None:
+            ops.close()
         service.close()
         dht.shutdown()

@@ -31,6 +31,7 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
 from swarmrl.validator.adapters import SnapshotCache, TrainerAdapters
 from swarmrl.validator.checks import LogprobTolerance
+from swarmrl.validator.metrics import VerdictStats
 from swarmrl.validator.reputation import Reputation
 from swarmrl.validator.sampling import load_or_create_key
 from swarmrl.validator.seen import SeenStore
@@ -115,6 +116,7 @@ class ValidatorService:
         self.unservable: set[str] = set()           # base models (sha) this validator can't load
         self.watches: dict[tuple[str, str], JobWatch] = {}
         self.unusable: set[tuple[str, str]] = set()   # jobs whose record this validator can't use
+        self.stats = VerdictStats()                   # groups checked, verdicts sent (validator.metrics)
 
     def close(self) -> None:
         for watch in self.watches.values():
@@ -201,6 +203,7 @@ class ValidatorService:
         for admitted in batches:
             verdicts = validator.validate_batch(admitted, watch.spec, job_id=watch.job_id, head_version=head,
                                                 adapters=watch.adapters)
+            self.stats.groups[watch.job_id] += len(admitted.admitted_prompt_indices)
             sent += self.report(watch, verdicts)
             self.seen.set_cursor(watch.job_id, watch.trainer_id, admitted.seq)
         return sent, len(batches) < MAX_BATCHES
@@ -216,6 +219,7 @@ class ValidatorService:
             for peer in ack.banned:
                 log.warning("job %s: trainer banned %s on our verdicts", watch.job_id[:12], peer[:12])
         failed = sum(not v.passed for v in verdicts)
+        self.stats.sent(watch.job_id, verdicts)
         if verdicts:
             log.info("job %s: %d verdicts (%d failed)", watch.job_id[:12], len(verdicts), failed)
         return len(verdicts)

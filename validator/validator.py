@@ -39,6 +39,7 @@ from swarmrl.protocol.updates import VersionNotKept
 from swarmrl.protocol.verdicts import ALL, FRESHNESS, LOGPROB, REGRADE
 from swarmrl.validator import checks as ck
 from swarmrl.validator.adapters import AdapterSource, VersionUnavailable
+from swarmrl.validator.metrics import CheckStats
 from swarmrl.validator.plausibility import DEFAULT_ALPHA, completion_plausibility, log_threshold
 from swarmrl.validator.reputation import Reputation
 from swarmrl.validator.rescoring import Rescored, rescore
@@ -125,6 +126,7 @@ class Validator:
         self._slot_hash: dict[str, bytes] = {}
         self._prompt_ids: dict[tuple[str, int], list[int]] = {}
         self.vocab_size = backend.vocab_size
+        self.stats = CheckStats()   # groups and seconds per rung (validator.metrics)
 
     def close(self) -> None:
         """Stop the grading pools."""
@@ -156,9 +158,15 @@ class Validator:
             verdicts = [_verdict(job_id, peer, opened.batch_id, i, envelope) for i in indices]
             return self._record(verdicts, [envelope] * len(verdicts), now)
         rate = self.reputation.sample_rate(peer, max(self.settings.base_rate, spec.validation_rate), now)
+        t = time.monotonic()
         works = self._cheap_rungs(admitted, opened, spec, job_id, head_version, rate, now)
-        self._regrade(spec, job_id, [w for w in works if w.plan.regrade and not w.failed])
-        self._prefill_rungs(spec, job_id, adapters, [w for w in works if w.plan.logprob and not w.failed])
+        self.stats.ran("cheap", len(works), t)
+        regrade, t = [w for w in works if w.plan.regrade and not w.failed], time.monotonic()
+        self._regrade(spec, job_id, regrade)
+        self.stats.ran("regrade", len(regrade), t)
+        prefill, t = [w for w in works if w.plan.logprob and not w.failed], time.monotonic()
+        self._prefill_rungs(spec, job_id, adapters, prefill)
+        self.stats.ran("prefill", len(prefill), t)
         return self._judge(works, job_id, peer, opened.batch_id, now)
 
     def _cheap_rungs(

@@ -48,6 +48,7 @@ class Admission:
         self.bans = BanBook(job_id, ledger)
         self.gate = threading.RLock()
         self.rejections_since_step = 0
+        self.peer_versions: dict[str, int] = {}   # peer -> adapter version it held at its last lease request
 
     def now_ms(self) -> int:
         """The injected clock in unix milliseconds."""
@@ -77,6 +78,7 @@ class Admission:
         else runs under the gate that a ban takes too.
         """
         now = self.now_ms()
+        self.peer_versions[peer_id] = int(req.adapter_version)
         with self.gate:
             self.bans.expire(now)
             if peer_id in self.banned:

@@ -269,6 +269,6 @@ class JobRuntime:
         with self.lock:
             self.upload_bytes[requester or "other"] += n
 
-    def status(self, history: int) -> pb.JobStatus:
+    def status(self, history: int, verdicts: int = 0, holders: bool = False) -> pb.JobStatus:
         """`swarmrl status` of this job (`status.job_status`)."""
-        return job_status(self, history)
+        return job_status(self, history, verdicts, holders)

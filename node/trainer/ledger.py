@@ -277,6 +277,15 @@ class Ledger:
                 ],
             )
 
+    def recent_verdicts(self, job_id: str, limit: int) -> list[pb.VerdictRecord]:
+        """The job's newest `limit` verdicts, newest first."""
+        rows = self._query(
+            "SELECT validator_id, peer_id, batch_id, prompt_index, passed, checkname, detail, at_ms FROM verdicts"
+            " WHERE job_id = ? ORDER BY rowid DESC LIMIT ?", (job_id, limit))
+        return [pb.VerdictRecord(verdict=pb.Verdict(job_id=job_id, peer_id=p, batch_id=b, prompt_index=i, passed=bool(ok),
+                                                    check=c, detail=d), validator_id=v, at_ms=t)
+                for v, p, b, i, ok, c, d, t in rows]
+
     def verdict_counts(self, job_id: str) -> tuple[int, int]:
         """(checked, failed) verdicts for a job."""
         rows = self._query("SELECT COUNT(*), COALESCE(SUM(1 - passed), 0) FROM verdicts WHERE job_id = ?", (job_id,))

@@ -19,6 +19,7 @@ from swarmrl.node.trainer.checkpoint import prune_checkpoints
 from swarmrl.node.trainer.faults import reducer_wrap
 from swarmrl.node.trainer.job import JobRuntime, now_ms
 from swarmrl.node.trainer.ledger import Ledger
+from swarmrl.node.trainer.ops import ops_urls, start_trainer_ops
 from swarmrl.node.trainer.retention import Retention
 from swarmrl.node.trainer.service import serve
 from swarmrl.protocol import signing
@@ -176,7 +177,9 @@ def run(cfg: TrainerConfig) -> None:
     trainer = Trainer(cfg, identity, dht)
     server, port = serve(trainer, cfg.net.host, cfg.grpc_port, cfg.max_message_mb)
     endpoint = f"{cfg.net.host}:{port}"
-    write_ready(cfg.ready_file, {"endpoint": endpoint, "peer_id": identity.peer_id, "maddrs": visible_maddrs(dht)})
+    ops = start_trainer_ops(trainer, cfg)
+    write_ready(cfg.ready_file, {"endpoint": endpoint, "peer_id": identity.peer_id, "maddrs": visible_maddrs(dht),
+                                 **ops_urls(ops)})
     log.info("trainer %s serving on %s", identity.peer_id, endpoint)
     loop = TrainerLoop(trainer, dht, identity, endpoint)
     try:
@@ -192,6 +195,8 @@ def run(cfg: TrainerConfig) -> None:
             if not stepped:
                 stop.wait(0.2)
     finally:
+        if ops is not None:
+            ops.close()
         server.stop(grace=2).wait()
         for job in trainer.jobs.values():
             if job.cotraining is not None:

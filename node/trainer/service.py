@@ -13,6 +13,7 @@ from concurrent import futures
 import grpc
 
 from swarmrl.node.grpc_options import server_options
+from swarmrl.node.grpc_standard import add_standard_services
 from swarmrl.node.runtime import StartupError
 from swarmrl.protocol import signing
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -63,7 +64,7 @@ class TrainerService(pb_grpc.TrainerServicer):
         job = self.trainer.jobs.get(request.job_id)
         if job is None:
             return pb.JobStatus(job_id=request.job_id, state="unknown")
-        return job.status(request.history)
+        return job.status(request.history, request.verdicts, request.holders)
 
     def SampleAdmitted(self, request: pb.SampleRequest, context: grpc.ServicerContext) -> Iterator[pb.AdmittedBatch]:
         job = self.trainer.jobs.get(request.job_id)
@@ -83,6 +84,7 @@ def serve(trainer, host: str, port: int, max_message_mb: int, workers: int = 8) 
     """Start the gRPC server on host:port (0 = any free port); returns (server, bound port)."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=server_options(max_message_mb))
     pb_grpc.add_TrainerServicer_to_server(TrainerService(trainer), server)
+    add_standard_services(server, ["swarmrl.v1.Trainer"])   # grpc.health.v1 + server reflection
     try:
         bound = server.add_insecure_port(f"{host}:{port}")
     except RuntimeError:  # grpcio raises "Failed to bind" where older versions returned 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from swarmrl.node.swarm.holders import find_holders
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 if TYPE_CHECKING:
@@ -14,8 +15,9 @@ CORE_FIELDS = ("step", "policy_version", "reward_mean", "groups_trained", "group
                "loss", "seconds")
 
 
-def job_status(job: JobRuntime, history: int) -> pb.JobStatus:
-    """The job's status with its last `history` step rows (0: none)."""
+def job_status(job: JobRuntime, history: int, verdicts: int = 0, holders: bool = False) -> pb.JobStatus:
+    """The job's status with its last `history` step rows (0: none), its newest `verdicts`
+    validator verdicts and, with `holders`, who announces which delta version (a DHT read)."""
     ledger, job_id = job.ledger, job.job_id
     counts = ledger.group_counts(job_id)
     checked, failed = ledger.verdict_counts(job_id)
@@ -38,7 +40,20 @@ def job_status(job: JobRuntime, history: int) -> pb.JobStatus:
     st.peers.extend(peer_infos(job))
     for row in ledger.steps(job_id)[-history:] if history else []:
         st.history.append(step_metrics(row))
+    if verdicts:
+        st.recent_verdicts.extend(ledger.recent_verdicts(job_id, min(verdicts, 1000)))
+    if holders and job.cotraining is not None:
+        st.holder_versions.update(holder_versions(job.cotraining.swarm.dht, job_id))
     return st
+
+
+def holder_versions(dht, job_id: str) -> dict[str, int]:
+    """Delta gossip: holder peer id -> the newest version it announces holding."""
+    out: dict[str, int] = {}
+    for (version, _), holders in find_holders(dht, job_id).items():
+        for h in holders:
+            out[h.holder_id] = max(out.get(h.holder_id, 0), version)
+    return out
 
 
 def peer_infos(job: JobRuntime) -> list[pb.PeerInfo]:
@@ -60,7 +75,7 @@ def peer_infos(job: JobRuntime) -> list[pb.PeerInfo]:
             ban_reason=bans.banned.get(p, ""), banned_at_ms=bans.banned_at.get(p, 0), first_seen_ms=first.get(p, 0),
             groups_trained=states.get(p, {}).get("trained", 0), groups_dropped=states.get(p, {}).get("dropped", 0),
             rejected_by_reason=dict(rejected.get(p, {})), verdicts_checked=checked, verdicts_failed=failed,
-            strikes=bans.strikes.get(p, 0)))
+            strikes=bans.strikes.get(p, 0), adapter_version=job.admission.peer_versions.get(p)))
     return out
 
 

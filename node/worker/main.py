@@ -19,12 +19,14 @@ import grpc
 
 from swarmrl.node.config import WorkerConfig
 from swarmrl.node.inference import build_backend
+from swarmrl.node.metrics import metrics_urls, start_metrics
 from swarmrl.node.models import base_model_sha256, prepare_base_model, resolve_model_name
 from swarmrl.node.runtime import start_role, write_ready
 from swarmrl.node.swarm.dht import VerifiedRecord, find_jobs
 from swarmrl.node.swarm.gossip import GossipNode, UpdateCache
 from swarmrl.node.worker.red_team import RedTeam
 from swarmrl.node.worker.session import AdapterBehind, JobSession
+from swarmrl.node.worker.stats import retired, worker_metrics
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
 
@@ -63,6 +65,8 @@ class Worker:
         self.finished: dict[str, dict] = {}
         self._failed_trainers: dict[str, float] = {}   # trainer id -> monotonic time until it is skipped
         self.red_team = RedTeam(cfg.red_team) if cfg.red_team else None   # adversarial drill (local only)
+        self.retired: dict = {}   # job id -> what the metrics keep of a finished session
+        self.ops_urls: dict[str, str] = {}   # {"metrics": URL} once the metrics server runs
 
     def session(self, rec: VerifiedRecord) -> JobSession:
         job_id = rec.record.job_id
@@ -100,6 +104,7 @@ class Worker:
         self.finished[rec.record.job_id] = {"version": session.replica.version, "hash": session.replica.hash.hex(),
                                             "trainer": session.record.trainer_id, "sync": session.sync.stats.report()}
         session.close()
+        self.retired[rec.record.job_id] = retired(session)   # its metrics stay (worker.stats)
         del self.sessions[rec.record.job_id]
         log.info("job %s done; holding final version %d", rec.record.job_id, session.replica.version)
 
@@ -110,7 +115,8 @@ class Worker:
         served = {j: self.gossip.served_bytes(j) for j in adapters} if self.gossip is not None else {}
         for j, a in adapters.items():
             a["peer_upload_bytes"] = served.get(j, 0)
-        out = {"peer_id": self.identity.peer_id, "adapters": adapters, "peer_upload_bytes": sum(served.values())}
+        out = {"peer_id": self.identity.peer_id, "adapters": adapters, "peer_upload_bytes": sum(served.values()),
+               **self.ops_urls}
         if self.red_team is not None:
             out["red_team"] = self.red_team.report()
         return out
@@ -179,6 +185,8 @@ def run(cfg: WorkerConfig) -> None:
     stop, identity, dht = start_role("worker", cfg.key, cfg.net, cfg.threads)
     gossip = GossipNode(dht, identity, UpdateCache(keep_deltas=cfg.keep_deltas)) if cfg.gossip else None
     worker = Worker(cfg, identity, dht, gossip)
+    ops = start_metrics(cfg.metrics_host, cfg.metrics_port, lambda: worker_metrics(worker))
+    worker.ops_urls = metrics_urls(ops)
     write_ready(cfg.ready_file, worker.report())
     log.info("worker %s serving %s", identity.peer_id, worker.model_name)
     done = threading.Event()
@@ -192,6 +200,8 @@ def run(cfg: WorkerConfig) -> None:
     finally:
         done.set()
         prefetcher.join(timeout=10)
+        if ops is not None:
+            ops.close()
         worker.close()
         if gossip is not None:
             gossip.shutdown()

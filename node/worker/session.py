@@ -23,6 +23,7 @@ from swarmrl.node.inference.base import InferenceBackend, SampledCompletion, Sam
 from swarmrl.node.models import encode_prompt
 from swarmrl.node.swarm.catchup import CatchUp
 from swarmrl.node.swarm.gossip import GossipNode
+from swarmrl.node.worker.stats import SessionStats
 from swarmrl.protocol import signing
 from swarmrl.protocol.envs import PromptSpec, get_environment
 from swarmrl.protocol.identity import Identity, peer_id_from_public_key
@@ -69,6 +70,7 @@ class JobSession:
                             signers=self.signers, gossip=gossip, dht=dht, max_gap=max_gap, peer_wait_s=peer_wait_s)
         self.loaded_version = -1   # the version the backend generates with
         self.grader = GradingPool(self.spec.environment, self.spec.env_version, timeout_s=grade_timeout_s)
+        self.stats = SessionStats()
 
     def signers(self) -> set[str]:
         """Trainer ids whose signed updates this session accepts: the followed trainer and the
@@ -123,13 +125,17 @@ class JobSession:
         reply: pb.LeaseReply = self.stub.RequestLease(signing.sign(self.identity, signing.LEASE_REQUEST, req), timeout=30)
         if not reply.HasField("lease"):
             self.last_refusal = reply.reason
+            self.stats.leases_refused[reply.reason] += 1
             return None
         return reply.lease
 
     def catch_up(self, version: int) -> None:
         """Bring the adapter replica to at least `version` (deltas from peers or the trainer, or a
         snapshot past the gap limit) and load it into the backend."""
+        t0, before = time.monotonic(), self.replica.version
         self.sync.run(version)
+        if self.replica.version != before:
+            self.stats.caught_up(time.monotonic() - t0)
         if self.replica.version < version:
             raise AdapterBehind(f"adapter sources served up to {self.replica.version}, lease wants {version}")
         state, held = self.sync.held()
@@ -151,7 +157,9 @@ class JobSession:
         sampling = Sampling(n=s.n, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
                             stop=tuple(s.stop), seed=int.from_bytes(os.urandom(4), "little"))
         prompt_ids = [encode_prompt(self.backend.tokenizer, p.text) for p in prompts]
+        t0 = time.monotonic()
         outs = self.backend.generate(prompt_ids, sampling, adapter=self.job_id)
+        self.stats.generated(sum(map(len, outs)), sum(len(c.token_ids) for cs in outs for c in cs), time.monotonic() - t0)
         return [pb.Group(prompt_index=p.index, prompt_token_ids=ids,
                          completions=[self._completion(c) for c in comps])
                 for p, ids, comps in zip(prompts, prompt_ids, outs)]
@@ -174,6 +182,8 @@ class JobSession:
             c.rewards.extend(math.nan if r is None else float(r) for r in grade.rewards)
             c.reward = math.nan if grade.reward is None else float(grade.reward)
             c.grade_error = grade.error
+            self.stats.rollouts_graded += 1
+            self.stats.grade_failures += grade.reward is None
 
     def sign(self, lease: pb.Lease, groups: list[pb.Group]) -> pb.Signed:
         """The groups as a RolloutBatch answering `lease`, signed by this worker (fresh nonce, now)."""
@@ -191,6 +201,10 @@ class JobSession:
         b = receipt.batches[0]
         reasons = [b.reason] if not b.accepted else [g.reason for g in b.groups if not g.admitted]
         admitted = sum(g.admitted for g in b.groups)
+        self.stats.groups_submitted += n_groups
+        self.stats.groups_admitted += admitted
+        self.stats.groups_refused.update([b.reason] * n_groups if not b.accepted else
+                                         [g.reason for g in b.groups if not g.admitted])
         if reasons:
             log.warning("lease %s: %d/%d groups admitted, rejected: %s", lease.lease_id, admitted, n_groups, reasons)
         return RoundResult(lease.lease_id, self.loaded_version, n_groups, admitted, reasons)

@@ -754,18 +754,26 @@ class JobStatusRequest(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     HISTORY_FIELD_NUMBER: _builtins.int
+    VERDICTS_FIELD_NUMBER: _builtins.int
+    HOLDERS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     history: _builtins.int
     """how many recent step rows to return (0 = none)"""
+    verdicts: _builtins.int
+    """how many recent validator verdicts to return (0 = none)"""
+    holders: _builtins.bool
+    """also read the job's delta holders from the DHT (a DHT lookup: dashboards only)"""
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         history: _builtins.int = ...,
+        verdicts: _builtins.int = ...,
+        holders: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["history", b"history", "job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["history", b"history", "holders", b"holders", "job_id", b"job_id", "verdicts", b"verdicts"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -877,6 +885,7 @@ class PeerInfo(_message.Message):
     VERDICTS_CHECKED_FIELD_NUMBER: _builtins.int
     VERDICTS_FAILED_FIELD_NUMBER: _builtins.int
     STRIKES_FIELD_NUMBER: _builtins.int
+    ADAPTER_VERSION_FIELD_NUMBER: _builtins.int
     peer_id: _builtins.str
     groups_admitted: _builtins.int
     groups_rejected: _builtins.int
@@ -896,6 +905,8 @@ class PeerInfo(_message.Message):
     verdicts_failed: _builtins.int
     strikes: _builtins.int
     """attributable admission failures (batches)"""
+    adapter_version: _builtins.int
+    """the version it said it held at its last lease request (this run)"""
     @_builtins.property
     def rejected_by_reason(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     def __init__(
@@ -915,14 +926,45 @@ class PeerInfo(_message.Message):
         verdicts_checked: _builtins.int = ...,
         verdicts_failed: _builtins.int = ...,
         strikes: _builtins.int = ...,
+        adapter_version: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_adapter_version", b"_adapter_version", "adapter_version", b"adapter_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ban_reason", b"ban_reason", "banned", b"banned", "banned_at_ms", b"banned_at_ms", "first_seen_ms", b"first_seen_ms", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_rejected", b"groups_rejected", "groups_trained", b"groups_trained", "peer_id", b"peer_id", "rejected_by_reason", b"rejected_by_reason", "reputation", b"reputation", "strikes", b"strikes", "verdicts_checked", b"verdicts_checked", "verdicts_failed", b"verdicts_failed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_adapter_version", b"_adapter_version", "adapter_version", b"adapter_version", "ban_reason", b"ban_reason", "banned", b"banned", "banned_at_ms", b"banned_at_ms", "first_seen_ms", b"first_seen_ms", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_rejected", b"groups_rejected", "groups_trained", b"groups_trained", "peer_id", b"peer_id", "rejected_by_reason", b"rejected_by_reason", "reputation", b"reputation", "strikes", b"strikes", "verdicts_checked", b"verdicts_checked", "verdicts_failed", b"verdicts_failed"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__adapter_version: _TypeAlias = _typing.Literal["adapter_version"]  # noqa: Y015
+    _WhichOneofArgType__adapter_version: _TypeAlias = _typing.Literal["_adapter_version", b"_adapter_version"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__adapter_version) -> _WhichOneofReturnType__adapter_version | None: ...
+
+Global___PeerInfo: _TypeAlias = PeerInfo  # noqa: Y015
+
+@_typing.final
+class VerdictRecord(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VERDICT_FIELD_NUMBER: _builtins.int
+    VALIDATOR_ID_FIELD_NUMBER: _builtins.int
+    AT_MS_FIELD_NUMBER: _builtins.int
+    validator_id: _builtins.str
+    """the trusted validator that signed it"""
+    at_ms: _builtins.int
+    """when the trainer recorded it"""
+    @_builtins.property
+    def verdict(self) -> Global___Verdict: ...
+    def __init__(
+        self,
+        *,
+        verdict: Global___Verdict | None = ...,
+        validator_id: _builtins.str = ...,
+        at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["verdict", b"verdict"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at_ms", b"at_ms", "validator_id", b"validator_id", "verdict", b"verdict"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___PeerInfo: _TypeAlias = PeerInfo  # noqa: Y015
+Global___VerdictRecord: _TypeAlias = VerdictRecord  # noqa: Y015
 
 @_typing.final
 class JobStatus(_message.Message):
@@ -968,6 +1010,26 @@ class JobStatus(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class HolderVersionsEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     JOB_ID_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
@@ -993,6 +1055,8 @@ class JobStatus(_message.Message):
     STATE_SYNCS_FIELD_NUMBER: _builtins.int
     GROUPS_DROPPED_BANNED_FIELD_NUMBER: _builtins.int
     GROUPS_ON_PROBATION_FIELD_NUMBER: _builtins.int
+    RECENT_VERDICTS_FIELD_NUMBER: _builtins.int
+    HOLDER_VERSIONS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     state: _builtins.str
     """"running" | "done" | "unknown" """
@@ -1042,6 +1106,14 @@ class JobStatus(_message.Message):
     def cotrainers(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """peer ids of the trainers this one averages with now"""
 
+    @_builtins.property
+    def recent_verdicts(self) -> _containers.RepeatedCompositeFieldContainer[Global___VerdictRecord]:
+        """newest first, JobStatusRequest.verdicts of them"""
+
+    @_builtins.property
+    def holder_versions(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """delta gossip: holder peer id -> newest version it announces"""
+
     def __init__(
         self,
         *,
@@ -1070,10 +1142,12 @@ class JobStatus(_message.Message):
         state_syncs: _builtins.int = ...,
         groups_dropped_banned: _builtins.int = ...,
         groups_on_probation: _builtins.int = ...,
+        recent_verdicts: _abc.Iterable[Global___VerdictRecord] | None = ...,
+        holder_versions: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter_bytes", b"adapter_bytes", "adapter_hash", b"adapter_hash", "averaging_excluded", b"averaging_excluded", "averaging_rounds", b"averaging_rounds", "averaging_solo", b"averaging_solo", "cotrainers", b"cotrainers", "delta_bytes", b"delta_bytes", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_dropped_banned", b"groups_dropped_banned", "groups_on_probation", b"groups_on_probation", "groups_rejected", b"groups_rejected", "history", b"history", "job_id", b"job_id", "peers", b"peers", "policy_version", b"policy_version", "spec_json", b"spec_json", "state", b"state", "state_syncs", b"state_syncs", "step", b"step", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "upload_bytes", b"upload_bytes", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter_bytes", b"adapter_bytes", "adapter_hash", b"adapter_hash", "averaging_excluded", b"averaging_excluded", "averaging_rounds", b"averaging_rounds", "averaging_solo", b"averaging_solo", "cotrainers", b"cotrainers", "delta_bytes", b"delta_bytes", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_dropped_banned", b"groups_dropped_banned", "groups_on_probation", b"groups_on_probation", "groups_rejected", b"groups_rejected", "history", b"history", "holder_versions", b"holder_versions", "job_id", b"job_id", "peers", b"peers", "policy_version", b"policy_version", "recent_verdicts", b"recent_verdicts", "spec_json", b"spec_json", "state", b"state", "state_syncs", b"state_syncs", "step", b"step", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "upload_bytes", b"upload_bytes", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

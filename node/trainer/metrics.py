@@ -1,0 +1,75 @@
+"""The trainer's Prometheus metrics, read from its jobs and ledger at scrape time (no counters in
+the admission or step paths): groups admitted / rejected by reason / pending / on probation,
+steps, step time, reward, ESS, staleness, adapter bytes served, bans, validator verdicts."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import Metric
+
+from swarmrl.node.metrics import Families
+
+if TYPE_CHECKING:
+    from swarmrl.node.trainer.job import JobRuntime
+    from swarmrl.node.trainer.main import Trainer
+
+P = "swarmrl_trainer_"
+LAST_STEP = {  # metrics row key -> (gauge, help)
+    "reward_mean": ("reward", "mean reward of the last step's batch"),
+    "ess": ("ess_ratio", "effective sample size of the last step's importance ratios, as a share of the batch (0..1)"),
+    "staleness_mean": ("staleness_versions", "mean staleness of the last step's rollouts (policy versions)"),
+    "loss": ("loss", "loss of the last step"),
+    "seconds": ("step_seconds", "wall time of the last step (batch, learner step, publish, checkpoint)"),
+}
+
+
+def trainer_metrics(trainer: Trainer) -> Iterator[Metric]:
+    """Every job's families, plus the process-wide ones."""
+    f = Families()
+    f.counter(P + "unrouted_batches_total", "rollout batches naming no job hosted here", {},
+              trainer.unrouted_rejections)
+    for job in list(trainer.jobs.values()):
+        job_families(f, job)
+    yield from f
+
+
+def job_families(f: Families, job: JobRuntime) -> None:
+    """One job's samples (label `job_id`)."""
+    j = {"job_id": job.job_id}
+    ledger, job_id = job.ledger, job.job_id
+    counts = ledger.group_counts(job_id)
+    f.counter(P + "groups_admitted_total", "groups admitted (committed to the ledger)", j, sum(counts.values()))
+    for state in ("trained", "dropped"):
+        f.counter(P + f"groups_{state}_total", f"admitted groups {state}", j, counts.get(state, 0))
+    f.gauge(P + "groups_pending", "admitted groups waiting for a step", j, counts.get("pending", 0))
+    f.gauge(P + "groups_on_probation", "pending groups held until their peer's first passing verdict", j,
+            job.groups_on_probation())
+    for reason, n in sorted(ledger.rejection_counts(job_id).items()):
+        f.counter(P + "groups_rejected_total", "groups rejected at admission, by reason", {**j, "reason": reason}, n)
+    f.gauge(P + "policy_version", "head adapter version (= steps taken)", j, job.version)
+    f.gauge(P + "job_done", "1 once the job took all its steps", j, float(job.done))
+    _step_families(f, j, ledger.steps(job_id))
+    with job.lock:
+        uploads = dict(job.upload_bytes)
+    for requester, n in sorted(uploads.items()):
+        f.counter(P + "adapter_served_bytes_total", "adapter payload bytes served over gRPC, by requester kind",
+                  {**j, "requester": requester}, n)
+    f.gauge(P + "banned_peers", "peers banned from the job now", j, len(job.admission.banned))
+    checked, failed = ledger.verdict_counts(job_id)
+    f.counter(P + "verdicts_total", "validator verdicts received, by result", {**j, "result": "passed"}, checked - failed)
+    f.counter(P + "verdicts_total", "validator verdicts received, by result", {**j, "result": "failed"}, failed)
+
+
+def _step_families(f: Families, j: dict[str, str], rows: list[dict]) -> None:
+    f.counter(P + "steps_total", "steps taken (versions published)", j, len(rows))
+    f.counter(P + "step_seconds_total", "wall time spent in steps", j, sum(float(r.get("seconds", 0.0)) for r in rows))
+    if not rows:
+        return
+    last = rows[-1]
+    for key, (name, doc) in LAST_STEP.items():
+        v = last.get(key)
+        if v is not None and math.isfinite(float(v)):
+            f.gauge(P + name, doc, j, float(v))

@@ -1,0 +1,92 @@
+"""Each role's Prometheus families, read from state at scrape time: names follow the
+conventions (swarmrl_ prefix, counters end in _total, base units) and the values are the role's
+own figures. Fakes stand in for the roles; the trainer's come from a real ledger."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from types import SimpleNamespace
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from swarmrl.node.metrics import registry_of
+from swarmrl.node.trainer.ledger import Ledger
+from swarmrl.node.trainer.metrics import trainer_metrics
+from swarmrl.node.worker.stats import SessionStats, worker_metrics
+from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.validator.metrics import CheckStats, VerdictStats, validator_metrics
+
+
+def _scrape(fn) -> dict[tuple[str, tuple], float]:
+    text = generate_latest(registry_of(fn)).decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        assert fam.name.startswith("swarmrl_"), fam.name
+        for s in fam.samples:
+            if fam.type == "counter":
+                assert s.name.endswith("_total") or s.name.endswith("_created"), s.name
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_trainer_metrics_read_the_ledger(tmp_path) -> None:
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    try:
+        ledger.reject("j1", "w1", "stale", 1000, count=3)
+        ledger.record_step("j1", 1, {"step": 1.0, "reward_mean": 0.5, "ess": 0.8, "staleness_mean": 0.25,
+                                     "loss": 0.1, "seconds": 2.0})
+        job = SimpleNamespace(job_id="j1", ledger=ledger, version=1, done=False, lock=threading.RLock(),
+                              upload_bytes=Counter({"worker": 100}), groups_on_probation=lambda: 2,
+                              admission=SimpleNamespace(banned={"w9": "logprob"}))
+        got = _scrape(lambda: trainer_metrics(SimpleNamespace(jobs={"j1": job}, unrouted_rejections=4)))
+    finally:
+        ledger.close()
+    j = (("job_id", "j1"),)
+    assert got[("swarmrl_trainer_groups_rejected_total", (("job_id", "j1"), ("reason", "stale")))] == 3
+    assert got[("swarmrl_trainer_steps_total", j)] == 1
+    assert got[("swarmrl_trainer_step_seconds_total", j)] == 2.0
+    assert got[("swarmrl_trainer_reward", j)] == 0.5 and got[("swarmrl_trainer_ess_ratio", j)] == 0.8
+    assert got[("swarmrl_trainer_staleness_versions", j)] == 0.25
+    assert got[("swarmrl_trainer_groups_on_probation", j)] == 2
+    assert got[("swarmrl_trainer_banned_peers", j)] == 1
+    assert got[("swarmrl_trainer_adapter_served_bytes_total", (("job_id", "j1"), ("requester", "worker")))] == 100
+    assert got[("swarmrl_trainer_unrouted_batches_total", ())] == 4
+
+
+def test_worker_metrics_read_the_sessions() -> None:
+    stats = SessionStats()
+    stats.generated(completions=8, tokens=400, seconds=2.0)
+    stats.groups_refused.update(["stale", "stale"])
+    stats.leases_refused["busy"] += 1
+    stats.caught_up(0.5)
+    session = SimpleNamespace(stats=stats, record=pb.JobRecord(head_version=5), replica=SimpleNamespace(version=3),
+                              sync=SimpleNamespace(stats=SimpleNamespace(bytes_from_peers=10, bytes_from_trainer=20),
+                                                   gossip=None))
+    got = _scrape(lambda: worker_metrics(SimpleNamespace(sessions={"j1": session}, retired={})))
+    j = (("job_id", "j1"),)
+    assert got[("swarmrl_worker_generated_tokens_total", j)] == 400
+    assert got[("swarmrl_worker_tokens_per_second", j)] == 200
+    assert got[("swarmrl_worker_rollouts_generated_total", j)] == 8
+    assert got[("swarmrl_worker_groups_refused_total", (("job_id", "j1"), ("reason", "stale")))] == 2
+    assert got[("swarmrl_worker_leases_refused_total", (("job_id", "j1"), ("reason", "busy")))] == 1
+    assert got[("swarmrl_worker_adapter_version_lag", j)] == 2
+    assert got[("swarmrl_worker_adapter_catchup_seconds_total", j)] == 0.5
+    assert got[("swarmrl_worker_adapter_received_bytes_total", (("job_id", "j1"), ("source", "peer")))] == 10
+
+
+def test_validator_metrics_read_the_tallies() -> None:
+    stats = VerdictStats()
+    stats.groups["j1"] += 4
+    stats.sent("j1", [pb.Verdict(check="all", passed=True), pb.Verdict(check="logprob", passed=False)])
+    rungs = CheckStats()
+    rungs.groups["regrade"] += 2
+    rungs.seconds["regrade"] += 0.3
+    service = SimpleNamespace(stats=stats, validators={"sha": SimpleNamespace(stats=rungs)},
+                              reputation=SimpleNamespace(peers=list))
+    got = _scrape(lambda: validator_metrics(service))
+    assert got[("swarmrl_validator_groups_checked_total", (("job_id", "j1"),))] == 4
+    assert got[("swarmrl_validator_verdicts_total", (("check", "logprob"), ("job_id", "j1"), ("result", "failed")))] == 1
+    assert got[("swarmrl_validator_check_seconds_total", (("check", "regrade"),))] == 0.3
+    assert got[("swarmrl_validator_check_groups_total", (("check", "regrade"),))] == 2

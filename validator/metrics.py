@@ -1,0 +1,70 @@
+"""The validator's tallies (one line at each event) and its Prometheus metrics, read at scrape
+time: groups checked, verdicts by check and result, the cost of each rung of the ladder, and the
+peers its reputation store knows and bans."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import Metric
+
+from swarmrl.node.metrics import Families
+from swarmrl.protocol.pb import swarm_pb2 as pb
+
+if TYPE_CHECKING:
+    from swarmrl.validator.service import ValidatorService
+
+P = "swarmrl_validator_"
+
+
+@dataclass
+class CheckStats:
+    """Per rung ("cheap": structure + freshness + duplicate; "regrade"; "prefill": logprob +
+    plausibility): groups it ran on and wall seconds it took."""
+
+    groups: Counter[str] = field(default_factory=Counter)
+    seconds: Counter[str] = field(default_factory=Counter)
+
+    def ran(self, rung: str, groups: int, since: float) -> None:
+        """Record `groups` groups checked by `rung` since monotonic time `since`."""
+        if groups:
+            self.groups[rung] += groups
+            self.seconds[rung] += time.monotonic() - since
+
+
+@dataclass
+class VerdictStats:
+    """Admitted groups checked and verdicts sent, per job."""
+
+    groups: Counter[str] = field(default_factory=Counter)                 # job -> groups
+    verdicts: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (job, check, result)
+
+    def sent(self, job_id: str, verdicts: list[pb.Verdict]) -> None:
+        self.verdicts.update((job_id, v.check, "passed" if v.passed else "failed") for v in verdicts)
+
+
+def validator_metrics(service: ValidatorService) -> Iterator[Metric]:
+    f = Families()
+    s = service.stats
+    for job, n in sorted(s.groups.items()):
+        f.counter(P + "groups_checked_total", "admitted groups put through the ladder", {"job_id": job}, n)
+    for (job, check, result), n in sorted(s.verdicts.items()):
+        f.counter(P + "verdicts_total", "verdicts sent to trainers, by check (the failed rung, or 'all') and result",
+                  {"job_id": job, "check": check, "result": result}, n)
+    rungs: CheckStats = CheckStats()
+    for v in list(service.validators.values()):
+        rungs.groups.update(v.stats.groups)
+        rungs.seconds.update(v.stats.seconds)
+    for rung in sorted(rungs.groups):
+        f.counter(P + "check_groups_total", "groups each rung of the ladder ran on", {"check": rung}, rungs.groups[rung])
+        f.counter(P + "check_seconds_total", "wall time of each rung (cost per group = rate of seconds / rate of groups)",
+                  {"check": rung}, rungs.seconds[rung])
+    now = int(time.time() * 1000)
+    peers = service.reputation.peers()
+    f.gauge(P + "peers", "peers this validator has a record of", {}, len(peers))
+    f.gauge(P + "banned_peers", "peers banned at this validator now", {}, sum(p.banned(now) for p in peers))
+    yield from f
