@@ -224,7 +224,7 @@ def describe_validation_error(exc: ValidationError, model: type[BaseModel] | Non
     return "; ".join(" ".join(p.split()) for p in parts)
 
 
-def _suggest(model: type[BaseModel] | None, loc: tuple) -> str:
+def _suggest(model: type[BaseModel] | None, loc: tuple[int | str, ...]) -> str:
     for key in loc[:-1]:
         field = model.model_fields.get(str(key)) if model is not None else None
         ann = field.annotation if field is not None else None

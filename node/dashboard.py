@@ -21,12 +21,16 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from google.protobuf.json_format import MessageToDict
 
 from swarmrl.node import dashboard_page as render
 from swarmrl.node.ops_http import Reply, Routes, int_param, not_found, parse_query
 from swarmrl.protocol.pb import swarm_pb2 as pb
+
+if TYPE_CHECKING:
+    from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
 
 HISTORY = 500      # step rows fetched per status
 VERDICTS = 20      # recent verdicts fetched per status
@@ -48,6 +52,8 @@ class StatusCache:
         self.fetches = 0
 
     def get(self, job_id: str) -> pb.JobStatus | None:
+        """The status of `job_id` (None if the source doesn't know it), fetched at most once per
+        `ttl_s`; concurrent requests for one job share a fetch."""
         hit = self._fresh(job_id)
         if hit is not None:
             return hit[1]
@@ -126,7 +132,7 @@ def _render(st: pb.JobStatus, what: str, steps: int, source: str) -> bytes:
     return (render.panel(shown) if what == "panel" else render.page(shown, source)).encode()
 
 
-def local_fetch(jobs: Callable[[], dict]) -> Fetch:
+def local_fetch(jobs: Callable[[], dict[str, Any]]) -> Fetch:
     """Statuses of a trainer's own jobs (`Trainer.jobs`), read in the HTTP thread."""
     def fetch(job_id: str) -> pb.JobStatus | None:
         job = jobs().get(job_id)
@@ -134,7 +140,7 @@ def local_fetch(jobs: Callable[[], dict]) -> Fetch:
     return fetch
 
 
-def grpc_fetch(stub, timeout_s: float = 10.0) -> Fetch:
+def grpc_fetch(stub: pb_grpc.TrainerStub, timeout_s: float = 10.0) -> Fetch:
     """Statuses over a trainer's gRPC `GetJobStatus` (`swarmrl dashboard`)."""
     def fetch(job_id: str) -> pb.JobStatus | None:
         st = stub.GetJobStatus(pb.JobStatusRequest(job_id=job_id, history=HISTORY, verdicts=VERDICTS, holders=True),

@@ -69,6 +69,7 @@ def panel(st: pb.JobStatus) -> str:
 
 
 def summary(st: pb.JobStatus) -> str:
+    """HTML of the job's headline figures (state, step, version, groups), escaped."""
     rejected = ", ".join(f"{escape(k)} {v}" for k, v in sorted(st.groups_rejected.items())) or "none"
     items = [f"state <b id='state'>{escape(st.state)}</b>", f"step <b id='step'>{st.step}</b>/{st.total_steps}",
              f"version {st.policy_version} <span class='mono'>{st.adapter_hash.hex()[:12]}</span>",
@@ -132,6 +133,7 @@ def _f(v: float, fmt: str = ".3f") -> str:
 
 
 def versions_table(history: Sequence[pb.StepMetrics], last: int = 8) -> str:
+    """HTML table of the `last` steps of `history` (version, reward, loss, ESS, staleness, groups, seconds)."""
     rows = [f"<tr><td class='l'>{m.step}</td><td>{m.policy_version}</td><td>{_f(m.reward_mean)}</td>"
             f"<td>{_f(m.loss, '.4f')}</td><td>{_f(m.extra.get('ess', math.nan))}</td><td>{_f(m.staleness_mean, '.2f')}</td>"
             f"<td>{m.groups_trained}</td><td>{m.groups_rejected}</td><td>{_f(m.seconds, '.1f')}</td></tr>"
@@ -167,6 +169,7 @@ def _other_row(peer_id: str, role: str) -> str:
 
 
 def verdicts_table(st: pb.JobStatus) -> str:
+    """HTML table of the job's recent validator verdicts (peer, prompt, check, result)."""
     rows = [f"<tr><td class='l mono'>{escape(r.verdict.peer_id[:16])}</td><td>{r.verdict.prompt_index}</td>"
             f"<td class='l'>{escape(r.verdict.check)}</td>"
             f"<td class='l {'ok' if r.verdict.passed else 'bad'}'>{'passed' if r.verdict.passed else 'failed'}</td>"
@@ -177,6 +180,7 @@ def verdicts_table(st: pb.JobStatus) -> str:
 
 
 def gossip_table(st: pb.JobStatus) -> str:
+    """HTML table of delta-gossip holders: newest version each holds and its lag behind the policy."""
     rows = [f"<tr><td class='l mono'>{escape(h)}</td><td>{v}</td><td>{st.policy_version - v}</td></tr>"
             for h, v in sorted(st.holder_versions.items(), key=lambda kv: (-kv[1], kv[0]))]
     return _table("delta gossip: who holds which version", "gossip", ["holder", "newest version", "lag"], rows)

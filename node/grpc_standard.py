@@ -5,8 +5,8 @@ call the services without the .proto files)."""
 from __future__ import annotations
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[import-untyped]  # no stubs installed
+from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]  # no stubs installed
 
 from swarmrl.protocol.pb import swarm_pb2 as pb
 

@@ -26,6 +26,7 @@ class JsonFormatter(logging.Formatter):
     """One JSON object per record (see the module docstring)."""
 
     def format(self, record: logging.LogRecord) -> str:
+        """`record` as one line of JSON (ts, level, logger, msg, context fields, job_id)."""
         msg = record.getMessage()
         job = getattr(record, "job_id", None)
         if job is None:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -31,6 +32,7 @@ class FnCollector(Collector):
         self.fn = fn
 
     def collect(self) -> Iterable[Metric]:
+        """The families `fn` yields now (called by the registry at each scrape)."""
         return list(self.fn())
 
 
@@ -46,6 +48,7 @@ def add_metrics_route(routes: Routes, registry: CollectorRegistry, ttl_s: float 
     """Serve `registry` at GET /metrics (no query parameters). The exposition is collected at
     most once per `ttl_s` (one collection in flight; concurrent scrapes share it), so a burst of
     scrapes costs the role one read of its state."""
+    last: list[Any]  # [monotonic time of the last collection (s), its exposition bytes]
     lock, last = threading.Lock(), [-math.inf, b""]
 
     def handler(path: str, raw: str) -> Reply:
@@ -61,6 +64,7 @@ def add_metrics_route(routes: Routes, registry: CollectorRegistry, ttl_s: float 
 
 def gauge(name: str, doc: str, labels: Mapping[str, str] | None = None,
           value: float | None = None) -> GaugeMetricFamily:
+    """A gauge family with label names from `labels`; one sample of `value` if given."""
     fam = GaugeMetricFamily(name, doc, labels=list(labels or {}))
     if value is not None:
         fam.add_metric(list((labels or {}).values()), value)
@@ -84,16 +88,18 @@ class Families:
         self.fams: dict[str, Metric] = {}
 
     def gauge(self, name: str, doc: str, labels: Mapping[str, str], value: float) -> None:
+        """Add a sample of gauge `name` (the family is made on first use)."""
         self._fam(name, lambda: gauge(name, doc, labels), labels, value)
 
     def counter(self, name: str, doc: str, labels: Mapping[str, str], value: float) -> None:
+        """Add a sample of counter `name` (ending in `_total`; the family is made on first use)."""
         self._fam(name, lambda: counter(name, doc, labels), labels, value)
 
     def _fam(self, name: str, make: Callable[[], Metric], labels: Mapping[str, str], value: float) -> None:
         fam = self.fams.setdefault(name, make())
         fam.add_metric(list(labels.values()), float(value))  # type: ignore[attr-defined]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Metric]:
         return iter(self.fams.values())
 
 

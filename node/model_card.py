@@ -14,7 +14,7 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 TINY = "tiny"  # swarmrl.node.models.TINY, without importing torch here
 from swarmrl.protocol.jobspec import JobSpec
@@ -105,6 +105,6 @@ def _render(out: Path, facts: dict[str, Any]) -> Path:
 
 def _read(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        return cast(dict[str, Any], json.loads(path.read_text()))
     except (FileNotFoundError, json.JSONDecodeError):
         return {}

@@ -11,11 +11,13 @@ accessors and never hold a lock the role's main loop waits on. Bound to loopback
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any, TypeAlias, cast
 from urllib.parse import parse_qs, urlsplit
 
 log = logging.getLogger(__name__)
@@ -40,9 +42,11 @@ class BadQuery(ValueError):
 
 Query = dict[str, str]
 Handler = Callable[[str, str], Reply]   # (path, raw query string) -> reply
+Request: TypeAlias = socket.socket | tuple[bytes, socket.socket]   # socketserver's request type
 
 
 def not_found(what: str = "not found") -> Reply:
+    """A 404 reply whose body is `what` and a newline."""
     return Reply(404, f"{what}\n".encode())
 
 
@@ -80,9 +84,11 @@ class Routes:
         self.prefixes: dict[str, Handler] = {}
 
     def add(self, path: str, handler: Handler) -> None:
+        """Route `path` to `handler`: exactly, or every path under it if it ends in `/`."""
         (self.prefixes if path.endswith("/") and path != "/" else self.exact)[path] = handler
 
     def handle(self, target: str) -> Reply:
+        """The reply to request target `target` (path and query): 404 if unrouted, 400 on BadQuery."""
         parts = urlsplit(target)
         handler = self.exact.get(parts.path)
         if handler is None:
@@ -134,7 +140,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not head:
             self.wfile.write(reply.body)
 
-    def log_message(self, format: str, *args) -> None:
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("ops http %s: " + format, self.client_address[0], *args)
 
 
@@ -150,10 +156,11 @@ class OpsServer(HTTPServer):
         self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.5},
                                        name="ops-http", daemon=True)
 
-    def process_request(self, request, client_address) -> None:
+    def process_request(self, request: Request, client_address: Any) -> None:
+        """Hand the connection to the thread pool (instead of serving it on the accept thread)."""
         self.pool.submit(self._serve_one, request, client_address)
 
-    def _serve_one(self, request, client_address) -> None:
+    def _serve_one(self, request: Request, client_address: Any) -> None:
         try:
             self.finish_request(request, client_address)
         except Exception:  # noqa: BLE001 - a broken connection: log it, keep serving
@@ -163,13 +170,16 @@ class OpsServer(HTTPServer):
 
     @property
     def port(self) -> int:
+        """The bound TCP port (the real one when configured as 0)."""
         return int(self.server_address[1])
 
     def url(self, path: str = "/") -> str:
-        host = self.server_address[0]
+        """The http:// URL of `path` on this server (127.0.0.1 when bound to all interfaces)."""
+        host = cast(str, self.server_address[0])  # typeshed allows bytes; an AF_INET server has str
         return f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{self.port}{path}"
 
     def close(self) -> None:
+        """Stop serving, drop queued requests and close the listening socket."""
         self.shutdown()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.server_close()

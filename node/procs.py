@@ -21,7 +21,7 @@ PR_SET_CHILD_SUBREAPER = 36
 
 def _prctl(option: int, value: int) -> bool:
     try:
-        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+        return bool(ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0)
     except (OSError, AttributeError):  # not Linux
         return False
 

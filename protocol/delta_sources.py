@@ -16,10 +16,20 @@ from typing import Protocol, TypeVar
 
 
 class HolderLike(Protocol):
-    """What the source choice reads of a DHT holder record (a real `Holder` or the simulator's)."""
+    """What the source choice reads of a DHT holder record (a real `Holder` or the simulator's).
 
-    holder_id: str
-    signer: str
+    Read-only properties, so frozen dataclasses satisfy it (a plain attribute here would demand
+    a settable one)."""
+
+    @property
+    def holder_id(self) -> str:
+        """The holder's Ed25519 peer id."""
+        ...
+
+    @property
+    def signer(self) -> str:
+        """The trainer that signed the held update's header (as the holder claims)."""
+        ...
 
 
 H = TypeVar("H", bound=HolderLike)

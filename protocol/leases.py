@@ -53,7 +53,7 @@ class LeaseBook:
     def issue(self, peer_id: str, n: int, version: int, sampling: pb.SamplingParams, now_ms: int) -> pb.Lease:
         """A new lease of `n` prompt indices (re-queued ones first)."""
         with self._lock:
-            indices = []
+            indices: list[int] = []
             while self._requeued and len(indices) < n:
                 index = self._requeued.popleft()
                 if index not in self._admitted:  # a revoked/expired lease may still have been answered

@@ -159,7 +159,7 @@ class DeltaSpread:
         self._forget(version)
         return spread
 
-    def _decide(self, w: Worker, at: float, pending: list, found: list[SimHolder]) -> tuple[float, Worker | None]:
+    def _decide(self, w: Worker, at: float, pending: list[tuple[float, int, SimHolder]], found: list[SimHolder]) -> tuple[float, Worker | None]:
         """When `w` starts its fetch and from whom: an announced holder now, else the first one to
         announce within its random wait, else the trainer when the wait ends."""
         while pending and pending[0][0] <= at:

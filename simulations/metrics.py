@@ -15,7 +15,7 @@ import math
 import statistics
 from collections import Counter, defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from swarmrl.protocol import admission as adm
 
@@ -38,12 +38,14 @@ class Metrics:
         self.bans: dict[str, str] = {}
         self.steps: list[tuple[float, int, int]] = []   # (time, version, groups trained)
         self.verdict_delay_s: list[float] = []
-        self.timeline: list[dict] = []
+        self.timeline: list[dict[str, Any]] = []
 
     def count(self, name: str, n: int = 1) -> None:
+        """Add `n` to counter `name`."""
         self.counts[name] += n
 
     def reject(self, reason: str, n: int) -> None:
+        """Count `n` groups refused for `reason` and book them as stale, banned or rejected waste."""
         self.rejected[reason] += n
         if reason in _STALE_REASONS:
             self.waste("stale", n)
@@ -53,13 +55,16 @@ class Metrics:
             self.waste("rejected", n)
 
     def waste(self, kind: str, n: int) -> None:
+        """Count `n` wasted groups of `kind` (one of WASTE; AssertionError otherwise)."""
         assert kind in WASTE, kind
         self.wasted[kind] += n
 
     def ingest(self, now_s: float, n: int) -> None:
+        """Count `n` groups admitted in the simulated second containing `now_s`."""
         self.ingest_by_s[int(now_s)] += n
 
     def ban_reason(self, w: Worker, why: str) -> None:
+        """Remember why `w` was banned (the first reason only)."""
         self.bans.setdefault(w.peer_id, why)
 
 
@@ -70,9 +75,9 @@ def _q(xs: list[float], q: float) -> float | None:
     return round(xs[min(len(xs) - 1, int(q * len(xs)))], 3)
 
 
-def summarize(m: Metrics, *, scenario: dict, sim_s: float, wall_s: float, version: int, workers: list[Worker],
+def summarize(m: Metrics, *, scenario: dict[str, Any], sim_s: float, wall_s: float, version: int, workers: list[Worker],
               spreads: list[VersionSpread], trainer_bytes: int, peer_bytes: int, trainers: int,
-              interrupted: bool, job_start_s: float) -> dict:
+              interrupted: bool, job_start_s: float) -> dict[str, Any]:
     """The run's figures (summary.json)."""
     generated = max(1, m.counts["groups_generated"])
     ingest = [m.ingest_by_s.get(s, 0) / trainers for s in range(int(sim_s))]
@@ -102,7 +107,7 @@ def summarize(m: Metrics, *, scenario: dict, sim_s: float, wall_s: float, versio
     }
 
 
-def _propagation(spreads: list[VersionSpread]) -> dict:
+def _propagation(spreads: list[VersionSpread]) -> dict[str, Any]:
     out = {}
     for q in ("50", "95", "99"):
         xs = [s.reach_s[q] for s in spreads if s.live]
@@ -111,7 +116,7 @@ def _propagation(spreads: list[VersionSpread]) -> dict:
     return out
 
 
-def _bytes(spreads: list[VersionSpread], trainer_bytes: int, peer_bytes: int, version: int) -> dict:
+def _bytes(spreads: list[VersionSpread], trainer_bytes: int, peer_bytes: int, version: int) -> dict[str, Any]:
     per_version = [s.trainer_bytes for s in spreads]
     total = trainer_bytes + peer_bytes
     return {"trainer_upload": trainer_bytes, "peer_upload": peer_bytes, "total_upload": total,
@@ -119,8 +124,8 @@ def _bytes(spreads: list[VersionSpread], trainer_bytes: int, peer_bytes: int, ve
             "peer_share": round(peer_bytes / total, 4) if total else 0.0}
 
 
-def _cheaters(workers: list[Worker], m: Metrics) -> dict:
-    by: dict[str, dict] = defaultdict(lambda: {"workers": 0, "submitted": 0, "banned": 0, "to_ban_s": []})
+def _cheaters(workers: list[Worker], m: Metrics) -> dict[str, Any]:
+    by: dict[str, dict[str, Any]] = defaultdict(lambda: {"workers": 0, "submitted": 0, "banned": 0, "to_ban_s": []})
     for w in workers:
         if not w.cheater:
             continue
@@ -147,7 +152,7 @@ TIMELINE_FIELDS = ("t_s", "version", "live_workers", "waiting_workers", "pending
                    "groups_wasted", "cheaters_banned", "trainer_upload_bytes", "peer_upload_bytes", "ingest_groups_per_s")
 
 
-def write_outputs(out: Path, summary: dict, m: Metrics, spreads: list[VersionSpread]) -> list[Path]:
+def write_outputs(out: Path, summary: dict[str, Any], m: Metrics, spreads: list[VersionSpread]) -> list[Path]:
     """summary.json, timeline.csv and the plots; returns the paths written."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True, default=_inf) + "\n")

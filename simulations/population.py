@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 from swarmrl.simulations.cheaters import HONEST
 from swarmrl.simulations.network import MBIT, Uplink
@@ -41,14 +42,16 @@ class Worker:
     last_failure_s: float = -math.inf
     generating_s: float = 0.0
     snapshot_version: int = -1
-    stats: dict = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
 
     @property
     def reachable(self) -> bool:
+        """True when peers can connect to this worker (not behind NAT)."""
         return not self.nat
 
     @property
     def cheater(self) -> bool:
+        """True for any mode but honest."""
         return self.mode != HONEST
 
 
@@ -75,12 +78,14 @@ class Population:
         self._lomax_scale = m / (2 ** (1 / a) - 1) if m > 0 else 0.0
 
     def session_s(self) -> float:
+        """A session length in seconds drawn from the churn's Lomax law (inf when churn is off)."""
         if self._lomax_scale <= 0:
             return math.inf
         u = 1.0 - self.rng.random()
-        return self._lomax_scale * (u ** (-1 / self.sc.churn.session_shape) - 1)
+        return self._lomax_scale * (cast(float, u ** (-1 / self.sc.churn.session_shape)) - 1)  # float ** float is typed Any
 
     def make(self, now: float) -> Worker:
+        """A new worker joining at simulated time `now` (s): GPU, region, uplink, mode and leave time drawn."""
         sc, rng, net = self.sc, self.rng, self.sc.network
         idx = self.count
         self.count += 1

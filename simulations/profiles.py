@@ -31,6 +31,7 @@ class ModelProfile:
     speed_spread: float = field(default=0.25)   # sigma of the log-normal speed draw within a class
 
     def step_s(self, groups: int) -> float:
+        """Trainer step time in seconds for a batch of `groups` groups."""
         return self.step_fixed_s + self.step_per_group_s * groups
 
 

@@ -12,7 +12,9 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -23,7 +25,7 @@ from swarmrl.simulations.world import World
 
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
     """The scenario file (or defaults) with the command-line flags on top. Raises ValueError."""
-    top: dict = {}
+    top: dict[str, Any] = {}
     if args.workers is not None:
         top["workers"] = args.workers
     if args.trainers is not None:
@@ -43,7 +45,8 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
     return sc
 
 
-def simulate(sc: Scenario, out: Path | None, *, should_stop=lambda: False, progress=None) -> dict:
+def simulate(sc: Scenario, out: Path | None, *, should_stop: Callable[[], bool] = lambda: False,
+             progress: Callable[[float], None] | None = None) -> dict[str, Any]:
     """Run `sc`; write its outputs under `out` (None: write nothing); returns the summary."""
     t0 = time.monotonic()
     world = World(sc)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -18,6 +19,8 @@ from swarmrl.simulations.regions import REGIONS
 
 
 class Strict(BaseModel):
+    """Base of the scenario sections: unknown keys are errors, values are frozen."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -91,6 +94,8 @@ class Cheating(Strict):
 
 
 class Validation(Strict):
+    """The validators: how many, how often they sample, and what a check costs."""
+
     validators: int = Field(2, ge=0)
     sample_rate: float = Field(0.25, ge=0, le=1, description="base rate (validator config sample_rate)")
     regrade_s: float = Field(0.05, ge=0, description="validator time per regraded group")
@@ -100,6 +105,8 @@ class Validation(Strict):
 
 
 class Gossip(Strict):
+    """Delta gossip between workers (worker config peer_wait_s, max_gap, ...)."""
+
     peer_wait_s: float = Field(1.0, ge=0, description="worker config peer_wait_s")
     max_gap: int = Field(8, ge=1)
     sync_poll_s: float = Field(0.5, gt=0, description="worker config sync_poll_s (prefetch of a newer version)")
@@ -108,6 +115,8 @@ class Gossip(Strict):
 
 
 class Trainers(Strict):
+    """The trainers: how many co-train the job, averaging and loss of one."""
+
     count: int = Field(1, ge=1)
     averaging_timeout_s: float = Field(5.0, ge=0, description="how long a ready trainer waits for cotrainers")
     lost_at_s: float = Field(-1.0, description="when one trainer dies (< 0: never)")
@@ -149,6 +158,7 @@ class Scenario(Strict):
 
     @property
     def seconds(self) -> float:
+        """The simulated duration, `hours` in seconds."""
         return self.hours * 3600.0
 
 
@@ -170,9 +180,9 @@ def churn_preset(name: str, workers: int) -> dict[str, float]:
     return p
 
 
-def load_scenario(path: Path | None, overrides: dict | None = None) -> Scenario:
+def load_scenario(path: Path | None, overrides: dict[str, Any] | None = None) -> Scenario:
     """A scenario from a TOML file (or the defaults) with nested `overrides` on top."""
-    data: dict = {}
+    data: dict[str, Any] = {}
     if path is not None:
         try:
             data = tomllib.loads(path.read_text())
@@ -183,7 +193,7 @@ def load_scenario(path: Path | None, overrides: dict | None = None) -> Scenario:
     return Scenario.model_validate(_merge(data, overrides or {}))
 
 
-def _merge(base: dict, top: dict) -> dict:
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for k, v in top.items():
         out[k] = _merge(out.get(k, {}), v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v

@@ -72,6 +72,7 @@ class SimTrainer:
         return "lease", lease
 
     def expire(self, now_ms: int) -> None:
+        """Expire overdue leases at `now_ms` (ms), at most once per EXPIRE_EVERY_MS."""
         if now_ms - self._expired_ms < EXPIRE_EVERY_MS:
             return
         self._expired_ms = now_ms
@@ -168,6 +169,7 @@ class SimTrainer:
         return out
 
     def has_batch(self, now_s: float) -> bool:
+        """True when a full batch of admitted groups is ready to train at `now_s` (s)."""
         return len(self._ready(now_s)) == self.job.batch_groups
 
     def take_batch(self, now_s: float) -> list[Pending]:

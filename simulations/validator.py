@@ -14,6 +14,7 @@ import hashlib
 import math
 import random
 from collections.abc import Callable
+from typing import cast
 
 from swarmrl.simulations import cheaters as ch
 from swarmrl.simulations.metrics import Metrics
@@ -39,9 +40,11 @@ class Validators:
 
     @property
     def enabled(self) -> bool:
+        """True when the scenario has any validators."""
         return self.cfg.validators > 0
 
     def rate(self, w: Worker, now_s: float) -> float:
+        """The share of `w`'s groups sampled at `now_s` (s): the validator's policy.sample_rate."""
         since = None if not math.isfinite(w.last_failure_s) else int((now_s - w.last_failure_s) * 1000)
         return policy.sample_rate(self.cfg.sample_rate, checked=w.checked, passed=w.passed, soft_flags=0,
                                   banned=w.banned_s <= now_s, since_failure_ms=since)
@@ -70,7 +73,7 @@ class Validators:
         w.checked += checked
         if failed:
             w.last_failure_s = done
-            self.schedule(done, lambda: self.ban(w, f"validator:{catch.rung}"))
+            self.schedule(done, lambda: self.ban(w, f"validator:{cast(ch.ValidatorCatch, catch).rung}"))  # failed: caught
         else:
             w.passed += checked
             w.passed_s = min(w.passed_s, done)

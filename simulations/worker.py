@@ -10,7 +10,7 @@ and its prompts are handed out again.
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol.leases import BUSY_RETRY_MS
@@ -18,12 +18,14 @@ from swarmrl.simulations.network import send_s
 from swarmrl.simulations.population import Worker
 
 if TYPE_CHECKING:
+    import simpy
+
     from swarmrl.simulations.world import World
 
 JOB_POLL_S = 1.0   # worker config poll_s: how often a worker looks for jobs
 
 
-def worker_life(world: World, w: Worker) -> Generator:
+def worker_life(world: World, w: Worker) -> Generator[simpy.Event, Any, None]:
     """The process of one worker session."""
     env = world.env
     yield env.timeout(max(0.0, world.sc.job_start_s - env.now) + world.rng.uniform(0, JOB_POLL_S))

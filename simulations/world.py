@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Generator
+from typing import Any
 
 import simpy
 
@@ -60,10 +61,12 @@ class World:
 
     # ---- plumbing
     def schedule(self, at_s: float, fn: Callable[[], None]) -> None:
+        """Call `fn` at simulated time `at_s` (s; now if that has passed)."""
         ev = self.env.timeout(max(0.0, at_s - self.env.now))
         ev.callbacks.append(lambda _ev: fn())
 
     def spawn(self) -> Worker:
+        """A new worker, assigned a live trainer."""
         w = self.population.make(self.env.now)
         self.reassign(w)
         self.workers.append(w)
@@ -71,14 +74,17 @@ class World:
         return w
 
     def reassign(self, w: Worker) -> None:
+        """Point `w` at a uniformly drawn live trainer."""
         alive = [t.rank for t in self.trainers if t.alive]
         w.trainer = alive[self.rng.randrange(len(alive))]
 
     def join(self, w: Worker) -> None:
+        """Add `w` to the live workers and the delta gossip."""
         self.live[w.idx] = w
         self.gossip.join(w, self.env.now)
 
     def leave(self, w: Worker) -> None:
+        """Mark `w` gone now and drop it from the live workers."""
         w.alive = False
         w.leaves_s = min(w.leaves_s, self.env.now)
         self.live.pop(w.idx, None)
@@ -92,7 +98,7 @@ class World:
                 self.metrics.waste("banned", t.ban(w))
 
     # ---- processes
-    def _arrivals(self) -> Generator:
+    def _arrivals(self) -> Generator[simpy.Event, Any, None]:
         rate = self.sc.churn.joins_per_hour / 3600.0
         if rate <= 0:
             return
@@ -100,7 +106,7 @@ class World:
             yield self.env.timeout(self.rng.expovariate(rate))
             self.spawn()
 
-    def _step_clock(self) -> Generator:
+    def _step_clock(self) -> Generator[simpy.Event, Any, None]:
         job, prof = self.sc.job, self.profile
         tick = max(0.01, min(0.25, prof.step_s(job.batch_groups) / 4))
         first_ready = None
@@ -150,7 +156,7 @@ class World:
         self.metrics.waste("trainer_lost", t.die())
         self._wake_waiters()
 
-    def _sampler(self) -> Generator:
+    def _sampler(self) -> Generator[simpy.Event, Any, None]:
         every = self.sc.timeline_every_s
         last_admitted = 0
         while True:
@@ -159,7 +165,8 @@ class World:
             self.metrics.timeline.append(self.row((admitted - last_admitted) / every))
             last_admitted = admitted
 
-    def row(self, ingest: float) -> dict:
+    def row(self, ingest: float) -> dict[str, Any]:
+        """One timeline row now: time (s), version, live workers, `ingest` rate and the counters."""
         m = self.metrics
         return {"t_s": round(self.env.now, 1), "version": self.version, "live_workers": len(self.live),
                 "waiting_workers": sum(self.waiting), "pending_groups": sum(len(t.pending) for t in self.trainers),

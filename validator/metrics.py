@@ -33,7 +33,7 @@ class CheckStats:
         """Record `groups` groups checked by `rung` since monotonic time `since`."""
         if groups:
             self.groups[rung] += groups
-            self.seconds[rung] += time.monotonic() - since
+            self.seconds[rung] += time.monotonic() - since  # type: ignore[assignment]  # float seconds; typeshed's Counter values are int
 
 
 @dataclass
@@ -44,10 +44,12 @@ class VerdictStats:
     verdicts: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (job, check, result)
 
     def sent(self, job_id: str, verdicts: list[pb.Verdict]) -> None:
+        """Count `verdicts` sent for `job_id` by (check, passed/failed)."""
         self.verdicts.update((job_id, v.check, "passed" if v.passed else "failed") for v in verdicts)
 
 
 def validator_metrics(service: ValidatorService) -> Iterator[Metric]:
+    """The validator's metric families at scrape time (groups checked, verdicts, per-rung groups and seconds)."""
     f = Families()
     s = service.stats
     for job, n in sorted(s.groups.items()):

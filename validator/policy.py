@@ -7,6 +7,8 @@ docstring for the policy in words.
 
 from __future__ import annotations
 
+from typing import cast
+
 NEW_PEER_CHECKS = 16
 RECENT_FAILURE_MS = 6 * 3600 * 1000
 BAN_MS = 24 * 3600 * 1000
@@ -34,4 +36,5 @@ def sample_rate(base: float, *, checked: int, passed: int, soft_flags: int, bann
 
 def ban_duration_ms(earlier_bans: int) -> int:
     """BAN_MS doubled per earlier ban, capped at MAX_BAN_MS."""
-    return min(BAN_MS * 2 ** min(int(earlier_bans), 16), MAX_BAN_MS)
+    doubling = cast(int, 2 ** min(int(earlier_bans), 16))  # int ** int is typed Any (a negative power is a float)
+    return min(BAN_MS * doubling, MAX_BAN_MS)

@@ -360,7 +360,8 @@ def _lora_state(model: peft.PeftModel, name: str) -> dict[str, torch.Tensor]:
     peft's default ("auto") looks for a `config.json` under the slot's `base_model_name_or_path`,
     which for an exported adapter is a hub id (a network lookup; offline it warns "Could not find
     a config file in ...")."""
-    return peft.get_peft_model_state_dict(model, adapter_name=name, save_embedding_layers=False)
+    return cast(dict[str, torch.Tensor],  # peft's function is untyped
+                peft.get_peft_model_state_dict(model, adapter_name=name, save_embedding_layers=False))
 
 
 def _shape(config: peft.LoraConfig) -> tuple[Any, ...]:

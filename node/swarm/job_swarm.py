@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import hivemind
@@ -59,7 +59,7 @@ class JobSwarm:
         """Update the cotrainer view from the DHT's job records (read now when not given)."""
         self.cotrainers.update(find_jobs(self.dht) if records is None else records)
 
-    def share(self, params: list[torch.Tensor], provider: Callable[[], tuple[Any, list[torch.Tensor]]],
+    def share(self, params: Sequence[torch.Tensor], provider: Callable[[], tuple[Any, list[torch.Tensor]]],
               priority: float) -> None:
         """Start the averager (first time) and offer this trainer's state to cotrainers."""
         if self.averaging is None:
@@ -80,7 +80,7 @@ class JobSwarm:
         self._last_sync = time.monotonic()
         return True
 
-    def load_state(self, params: list[torch.Tensor], param_groups: list[dict]) -> SharedState | None:
+    def load_state(self, params: Sequence[torch.Tensor], param_groups: list[dict[str, Any]]) -> SharedState | None:
         """The state of the cotrainer with the highest sharing priority, checked for layout and
         adapter hash (None when none answered or it did not check)."""
         if self.averaging is None:

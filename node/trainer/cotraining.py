@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -21,6 +21,8 @@ from swarmrl.protocol import adapter as ad
 from swarmrl.protocol.updates import ReceivedUpdate
 
 if TYPE_CHECKING:
+    import torch
+
     from swarmrl.node.trainer.job import JobRuntime
 
 log = logging.getLogger(__name__)
@@ -66,7 +68,7 @@ class CotrainerSync:
             if self.swarm.averaging is not None:
                 self.swarm.averaging.set_state(self._shared_state, priority(job.version, job.identity.peer_id))
 
-    def _shared_state(self) -> tuple[dict, list]:
+    def _shared_state(self) -> tuple[dict[str, Any], list[torch.Tensor]]:
         with self.job.lock:
             shared = self._shared
         assert shared is not None

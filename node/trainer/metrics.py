@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import Metric
 
@@ -63,7 +63,7 @@ def job_families(f: Families, job: JobRuntime) -> None:
     f.counter(P + "verdicts_total", "validator verdicts received, by result", {**j, "result": "failed"}, failed)
 
 
-def _step_families(f: Families, j: dict[str, str], rows: list[dict]) -> None:
+def _step_families(f: Families, j: dict[str, str], rows: list[dict[str, Any]]) -> None:
     f.counter(P + "steps_total", "steps taken (versions published)", j, len(rows))
     f.counter(P + "step_seconds_total", "wall time spent in steps", j, sum(float(r.get("seconds", 0.0)) for r in rows))
     if not rows:

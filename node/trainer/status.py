@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from swarmrl.node.swarm.holders import find_holders
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 if TYPE_CHECKING:
+    import hivemind
+
     from swarmrl.node.trainer.job import JobRuntime
 
 CORE_FIELDS = ("step", "policy_version", "reward_mean", "groups_trained", "groups_rejected", "staleness_mean",
@@ -47,7 +50,7 @@ def job_status(job: JobRuntime, history: int, verdicts: int = 0, holders: bool =
     return st
 
 
-def holder_versions(dht, job_id: str) -> dict[str, int]:
+def holder_versions(dht: hivemind.DHT, job_id: str) -> dict[str, int]:
     """Delta gossip: holder peer id -> the newest version it announces holding."""
     out: dict[str, int] = {}
     for (version, _), holders in find_holders(dht, job_id).items():
@@ -61,7 +64,7 @@ def peer_infos(job: JobRuntime) -> list[pb.PeerInfo]:
     (the validator's Laplace score, without its soft flags)."""
     ledger, job_id, bans = job.ledger, job.job_id, job.admission.bans
     rejected = ledger.peer_rejections(job_id)
-    states = ledger.peer_state_counts(job_id)
+    states: Mapping[str, Mapping[str, int]] = ledger.peer_state_counts(job_id)  # peer -> state -> groups
     admitted = {p: sum(by_state.values()) for p, by_state in states.items()}
     verdicts = ledger.peer_verdict_counts(job_id)
     first = ledger.peer_first_seen(job_id)

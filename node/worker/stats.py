@@ -40,18 +40,21 @@ class SessionStats:
     last_catchup_seconds: float = 0.0
 
     def generated(self, completions: int, tokens: int, seconds: float) -> None:
+        """Record one generate call: `completions` rollouts, `tokens` completion tokens in `seconds` (wall)."""
         self.rollouts_generated += completions
         self.tokens += tokens
         self.generate_seconds += seconds
         self.last_tokens_per_second = tokens / seconds if seconds > 0 else 0.0
 
     def caught_up(self, seconds: float) -> None:
+        """Record one catch-up that moved the adapter, taking `seconds` (wall)."""
         self.catchups += 1
         self.catchup_seconds += seconds
         self.last_catchup_seconds = seconds
 
 
 def worker_metrics(worker: Worker) -> Iterator[Metric]:
+    """The worker's metric families at scrape time, over its live and retired job sessions."""
     f = Families()
     for job_id, s in {**worker.retired, **worker.sessions}.items():
         session_families(f, job_id, s)
@@ -66,6 +69,7 @@ def retired(session: JobSession) -> SimpleNamespace:
 
 
 def session_families(f: Families, job_id: str, session: JobSession) -> None:
+    """Add one job session's samples (tokens, rollouts, leases, catch-ups, version) to `f`."""
     j, s = {"job_id": job_id}, session.stats
     f.counter(P + "generated_tokens_total", "completion tokens generated", j, s.tokens)
     f.counter(P + "generate_seconds_total", "wall time spent generating (tokens/s = rate of the two)", j,
