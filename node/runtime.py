@@ -204,13 +204,14 @@ def start_role(role: str, key: Path, net, threads: int):
 
 
 def join_swarm(net):
-    """This process's DHT node, shut down at exit. Raises StartupError if it can't start or join."""
-    from swarmrl.node.swarm.dht import SwarmError, start_dht
+    """This process's DHT node, shut down at exit.
 
-    try:
-        dht = start_dht(net.initial_peers, host=net.host, port=net.dht_port)
-    except SwarmError as exc:
-        raise StartupError(str(exc)) from exc
+    Raises:
+        SwarmError: it could not start or join its initial peers (a runtime failure: exit 1).
+    """
+    from swarmrl.node.swarm.dht import start_dht
+
+    dht = start_dht(net.initial_peers, host=net.host, port=net.dht_port)
     atexit.register(dht.shutdown)  # runs before _end_children (LIFO): a clean shutdown first
     return dht
 
