@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from peft import PeftModel, get_peft_model, get_peft_model_state_dict, set_peft_model_state_dict
+from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 
 from swarmrl.node.inference.scoring import completion_logprobs, shared_prompt_logprobs
-from swarmrl.node.models import load_causal_lm, lora_config
+from swarmrl.node.models import load_causal_lm, lora_config, with_lora
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol.grpo import group_advantages, logprob_drift, policy_loss, staleness_histogram
 from swarmrl.protocol.grpo.reduce import GradientReducer, LocalReduce
@@ -106,7 +106,7 @@ class Learner:
         base, self.tokenizer = load_causal_lm(model_path)
         torch.manual_seed(spec.seed)
         cfg = lora_config(spec.lora.rank, spec.lora.alpha, spec.lora.dropout, spec.lora.target_modules)
-        model = get_peft_model(base, cfg)
+        model = with_lora(base, cfg)
         assert isinstance(model, PeftModel)
         model.eval()   # peft's new LoRA modules start in training mode: dropout off (class docstring)
         self.model = model
