@@ -18,13 +18,14 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from swarmrl.protocol.red_team_modes import MODES
+
 C = TypeVar("C", bound=BaseModel)
 
 # Mirrors of tables that live beside torch (node.models._ALIASES, node.worker.red_team.MODES), so a
 # bad name is refused without importing torch; tests/unit/test_cli_errors.py checks they agree.
 BASE_MODEL_NAMES = ("tiny", "google/gemma-3-270m", "gemma", "gemma-3-270m", "gemma3-270m")
-RED_TEAM_MODES = ("forged_signature", "replay", "inflated_reward", "fabricated_logprobs", "random_tokens",
-                  "base_model_only", "stale_version", "prompt_swap", "copycat", "nan_logprobs")
+RED_TEAM_MODES = MODES   # protocol/red_team_modes.py (no torch)
 
 
 class ConfigError(ValueError):

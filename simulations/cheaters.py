@@ -16,19 +16,17 @@ from dataclasses import dataclass
 
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.red_team_modes import (
+    BASE_MODEL_ONLY,
+    COPYCAT,
+    FABRICATED_LOGPROBS,
+    INFLATED_REWARD,
+    NAN_LOGPROBS,
+    PROMPT_SWAP,
+    RANDOM_TOKENS,
+    STALE_VERSION,
+)
 
-FORGED_SIGNATURE = "forged_signature"
-REPLAY = "replay"
-INFLATED_REWARD = "inflated_reward"
-FABRICATED_LOGPROBS = "fabricated_logprobs"
-RANDOM_TOKENS = "random_tokens"
-BASE_MODEL_ONLY = "base_model_only"
-STALE_VERSION = "stale_version"
-PROMPT_SWAP = "prompt_swap"
-COPYCAT = "copycat"
-NAN_LOGPROBS = "nan_logprobs"
-MODES = (FORGED_SIGNATURE, REPLAY, INFLATED_REWARD, FABRICATED_LOGPROBS, RANDOM_TOKENS, BASE_MODEL_ONLY,
-         STALE_VERSION, PROMPT_SWAP, COPYCAT, NAN_LOGPROBS)
 HONEST = ""
 REPLAY_GROUPS = 4   # earlier groups a replaying worker re-signs per round (red_team.REPLAY_GROUPS)
 STALE_LAG = 2       # versions behind the lease's that stale_version samples with (red_team.STALE_LAG)

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from swarmrl.simulations.cheaters import MODES
+from swarmrl.protocol.red_team_modes import MODES
 from swarmrl.simulations.profiles import GPU_CLASSES, MODEL_PROFILES
 from swarmrl.simulations.regions import REGIONS
 

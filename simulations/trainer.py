@@ -14,6 +14,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 
 from swarmrl.protocol import admission as adm
+from swarmrl.protocol import red_team_modes as modes
 from swarmrl.protocol.leases import BACKLOG_BATCHES, LeaseBook
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.verdicts import BAD_SIGNATURE_ON_OWN_LEASE, STRIKES_TO_BAN, is_attributable
@@ -84,9 +85,9 @@ class SimTrainer:
         now, self.now_s = int(now_s * 1000), now_s
         n = len(lease.prompt_indices)
         self.m.count("groups_generated", n)
-        if w.mode == ch.FORGED_SIGNATURE:
+        if w.mode == modes.FORGED_SIGNATURE:
             return self._forged(w, lease, n)
-        if w.mode == ch.REPLAY:
+        if w.mode == modes.REPLAY:
             return self._replay(w, lease, now, version)
         reason = ch.batch_reason(w.peer_id, self.book.get(lease.lease_id), JOB_ID, now_ms=now, seen=False,
                                  banned=self.banned)

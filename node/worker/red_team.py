@@ -42,21 +42,22 @@ from swarmrl.node.worker.session import JobSession, RoundResult
 from swarmrl.protocol.envs import Environment, PromptSpec
 from swarmrl.protocol.envs.arithmetic import apply_op, format_prompt
 from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.red_team_modes import (
+    BASE_MODEL_ONLY,
+    COPYCAT,
+    FABRICATED_LOGPROBS,
+    FORGED_SIGNATURE,
+    INFLATED_REWARD,
+    MODES,
+    NAN_LOGPROBS,
+    PROMPT_SWAP,
+    RANDOM_TOKENS,
+    REPLAY,
+    STALE_VERSION,
+)
 
 log = logging.getLogger(__name__)
 
-FORGED_SIGNATURE = "forged_signature"
-REPLAY = "replay"
-INFLATED_REWARD = "inflated_reward"
-FABRICATED_LOGPROBS = "fabricated_logprobs"
-RANDOM_TOKENS = "random_tokens"
-BASE_MODEL_ONLY = "base_model_only"
-STALE_VERSION = "stale_version"
-PROMPT_SWAP = "prompt_swap"
-COPYCAT = "copycat"
-NAN_LOGPROBS = "nan_logprobs"
-MODES = (FORGED_SIGNATURE, REPLAY, INFLATED_REWARD, FABRICATED_LOGPROBS, RANDOM_TOKENS, BASE_MODEL_ONLY,
-         STALE_VERSION, PROMPT_SWAP, COPYCAT, NAN_LOGPROBS)
 
 FABRICATED_LOGPROB = -0.01   # what a fabricating worker claims per token (a "confident" sample)
 STALE_LAG = 2                # versions behind the lease's that stale_version generates with
