@@ -5,8 +5,9 @@
     swarmrl submit JOB.toml --trainer HOST:PORT
     swarmrl status JOB --trainer HOST:PORT
     swarmrl fetch JOB --trainer HOST:PORT --out DIR
-    swarmrl up [--model tiny|gemma] [--steps N] [--workers K] [--out DIR]
-    swarmrl eval --adapter DIR
+    swarmrl up [JOB.toml] [--model tiny|gemma|FOLDER] [--steps N] [--workers K] [--out DIR] [-j FIELD=VALUE]
+    swarmrl eval [JOB.toml] --adapter DIR
+    swarmrl env list | swarmrl env check JOB.toml
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import argparse
 import json
 import os
 import sys
-import tomllib
 from pathlib import Path
 
 from pydantic import BaseModel, ValidationError
@@ -70,8 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--trainer", required=True, metavar="HOST:PORT")
     f.add_argument("--out", type=Path, required=True)
     f.add_argument("--cache-dir", type=Path)
-    up = sub.add_parser("up", help="run a whole local swarm on 127.0.0.1 and train the built-in job")
-    up.add_argument("--model", default="gemma", help="tiny | gemma (google/gemma-3-270m)")
+    up = sub.add_parser("up", help="run a whole local swarm on 127.0.0.1 and train a job file (or the built-in job)")
+    up.add_argument("job_file", nargs="?", type=Path, help="JOB.toml, as `swarmrl submit` takes it")
+    up.add_argument("--model", default=None, help="tiny | gemma (google/gemma-3-270m) | a model folder; "
+                    "default: the job file's base_model, else gemma")
     up.add_argument("--steps", type=int)
     up.add_argument("--workers", type=int, default=2)
     up.add_argument("--trainers", type=int, default=1, help="trainers serving the job (they average gradients)")
@@ -87,12 +89,32 @@ def build_parser() -> argparse.ArgumentParser:
                     "base_model_only, stale_version, prompt_swap, copycat, nan_logprobs")
     up.add_argument("-j", "--job", dest="job_overrides", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a built-in job field (JSON values), repeatable")
-    e = sub.add_parser("eval", help="held-out greedy accuracy: base model vs adapter")
+    e = sub.add_parser("eval", help="held-out greedy score: base model vs adapter")
+    e.add_argument("job_file", nargs="?", type=Path, help="JOB.toml whose task to score (default: arithmetic)")
     e.add_argument("--adapter", type=Path, required=True)
     e.add_argument("--model", default=None, help="base model (default: from the adapter's config)")
     e.add_argument("--n", type=int, default=200)
     e.add_argument("--cache-dir", type=Path)
+    _env_parser(sub)
     return parser
+
+
+def _env_parser(sub: argparse._SubParsersAction) -> None:
+    env = sub.add_parser("env", help="installed environments and reward functions; check a job's task")
+    env_sub = env.add_subparsers(dest="env_command", required=True)
+    env_sub.add_parser("list", help="installed environments and built-in reward functions")
+    check = env_sub.add_parser("check", help="load a job's task, render 3 prompts as workers will, grade the answers")
+    check.add_argument("job", type=Path)
+    check.add_argument("--model", default=None, help="base model override (default: the job file's)")
+    check.add_argument("--cache-dir", type=Path)
+    check.add_argument("-n", type=int, default=3, help="prompts to show")
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from swarmrl.node import env_cli
+
+    return env_cli.env_list() if args.env_command == "list" else env_cli.env_check(args.job, args.model,
+                                                                                     args.cache_dir, args.n)
 
 
 def cmd_keygen(args: argparse.Namespace) -> int:
@@ -117,14 +139,14 @@ def cmd_role(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from swarmrl.node.jobs import builtin_job
     from swarmrl.node.submitter import submit_job
+    from swarmrl.node.tasks import load_job_file
     from swarmrl.protocol.identity import Identity
 
-    data = tomllib.loads(args.job.read_text())
-    model = data.pop("base_model", "tiny")
-    spec = builtin_job(model, args.cache_dir, **data)
-    job_id = submit_job(args.trainer, Identity.load_or_create(args.key), spec)
+    loaded = load_job_file(args.job, args.cache_dir)   # every check a worker would trip over, here
+    for warning in loaded.report.warnings:
+        print(f"swarmrl submit: warning: {warning}", file=sys.stderr)
+    job_id = submit_job(args.trainer, Identity.load_or_create(args.key), loaded.spec, dataset=loaded.dataset)
     print(job_id)
     return 0
 
@@ -191,7 +213,9 @@ def cmd_up(args: argparse.Namespace) -> int:
                      max_async_level=args.max_async_level, seed=args.seed, cache_dir=args.cache_dir,
                      threads=threads, timeout_s=args.timeout,
                      red_team=red_team,
-                     job_overrides=job)
+                     job_overrides=job, job_file=args.job_file)
+    if args.job_file is None and opts.model is None:
+        opts.model = "gemma"
     run_up(opts)
     return 0
 
@@ -199,12 +223,12 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from swarmrl.node.evaluate import run_eval
 
-    run_eval(args.adapter, model=args.model, n=args.n, cache_dir=args.cache_dir)
+    run_eval(args.adapter, model=args.model, n=args.n, cache_dir=args.cache_dir, job_file=args.job_file)
     return 0
 
 
 COMMANDS = {"keygen": cmd_keygen, "submit": cmd_submit, "status": cmd_status, "fetch": cmd_fetch, "up": cmd_up,
-            "eval": cmd_eval, **{r: cmd_role for r in ROLES}}
+            "eval": cmd_eval, "env": cmd_env, **{r: cmd_role for r in ROLES}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,6 +38,7 @@ class TrainerConfig(_Config):
     key: Path = Path("keys/trainer.key")
     state_dir: Path = Path("state/trainer")
     cache_dir: Path | None = None        # base models (default: $SWARMRL_CACHE or ~/.cache/swarmrl)
+    base_models: list[str] = []          # model folders / hub ids to look in for a job's weights (by sha256)
     net: NetConfig = NetConfig()
     grpc_port: int = Field(0, ge=0, le=65535)
     threads: int = Field(1, ge=1)
@@ -62,6 +63,12 @@ class WorkerConfig(_Config):
     cache_dir: Path | None = None
     net: NetConfig = NetConfig()
     base_model: str = "tiny"             # the base model this worker serves
+    # several base models (names, folders or cached hub ids): leases only for jobs on these exact
+    # weights; empty = just base_model
+    base_models: list[str] = []
+    # installed environments (entry points, `swarmrl env list`) this worker runs; data-set jobs
+    # need none (they run only built-in rewards)
+    environments: list[str] = ["arithmetic"]
     backend: str = "hf"                  # "hf" (transformers + peft) or "vllm"
     threads: int = Field(1, ge=1)
     max_prompts: int = Field(4, ge=1)    # prompts asked per lease
@@ -88,6 +95,7 @@ class ValidatorConfig(_Config):
     net: NetConfig = NetConfig()
     threads: int = Field(1, ge=1)
     max_message_mb: int = Field(64, ge=1)
+    base_models: list[str] = []          # model folders / hub ids served (a job's own name is tried first)
     sample_rate: float = Field(0.25, ge=0.0, le=1.0)
     poll_s: float = Field(1.0, gt=0)
     grade_timeout_s: float = Field(10.0, gt=0)

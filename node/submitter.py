@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -10,7 +11,7 @@ import grpc
 from peft import get_peft_model, set_peft_model_state_dict
 
 from swarmrl.node.grpc_options import channel_options
-from swarmrl.node.models import load_causal_lm, lora_config, prepare_base_model
+from swarmrl.node.models import find_base_model, load_causal_lm, lora_config
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol import signing
 from swarmrl.protocol.identity import Identity
@@ -28,19 +29,25 @@ def stub(endpoint: str, max_message_mb: int = 64) -> pb_grpc.TrainerStub:
     return pb_grpc.TrainerStub(grpc.insecure_channel(endpoint, options=channel_options(max_message_mb)))
 
 
-def sign_job(identity: Identity, spec: JobSpec) -> pb.Signed:
-    """The signed `Job` envelope of `spec` (its body fixes the job id)."""
+def sign_job(identity: Identity, spec: JobSpec, dataset: bytes | None = None) -> pb.Signed:
+    """The signed `Job` envelope of `spec` (its body fixes the job id); a data-set job carries
+    its file's bytes (checked against the spec's sha256 here and by the trainer)."""
+    task = spec.dataset
+    if task is not None and (dataset is None or hashlib.sha256(dataset).hexdigest() != task.dataset_sha256):
+        raise ValueError(f"data-set job {spec.name}: the bytes given are not {task.dataset} ({task.dataset_sha256[:12]})")
     return signing.sign(identity, signing.JOB, pb.Job(spec_json=spec.canonical_json(),
-                                                      created_ms=int(time.time() * 1000)))
+                                                      created_ms=int(time.time() * 1000),
+                                                      dataset=dataset if task is not None else b""))
 
 
-def submit_job(endpoint: str, identity: Identity, spec: JobSpec, timeout_s: float = 600) -> str:
-    """Sign `spec` and submit it; returns the job id.
+def submit_job(endpoint: str, identity: Identity, spec: JobSpec, timeout_s: float = 600,
+               dataset: bytes | None = None) -> str:
+    """Sign `spec` (with its data-set bytes, if any) and submit it; returns the job id.
 
     Raises:
         JobRefused: the trainer answered with a refusal.
     """
-    return submit_signed(endpoint, sign_job(identity, spec), timeout_s)
+    return submit_signed(endpoint, sign_job(identity, spec, dataset), timeout_s)
 
 
 def submit_signed(endpoint: str, envelope: pb.Signed, timeout_s: float = 600) -> str:
@@ -75,7 +82,7 @@ def fetch_snapshot(endpoint: str, job_id: str, trainer_public_key: bytes, versio
 
 def export_peft(state: ad.State, spec: JobSpec, out: Path, cache_dir: Path | None = None) -> Path:
     """Write `state` in PEFT format (adapter_config.json + adapter_model.safetensors) to `out`."""
-    path = prepare_base_model(spec.base_model, cache_dir)
+    path = find_base_model(spec.base_model, cache_dir)
     model, _ = load_causal_lm(path)
     peft_model = get_peft_model(model, lora_config(spec.lora.rank, spec.lora.alpha, spec.lora.dropout,
                                                    spec.lora.target_modules))

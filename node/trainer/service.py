@@ -14,6 +14,7 @@ import grpc
 
 from swarmrl.node.grpc_options import channel_options
 from swarmrl.protocol import signing
+from swarmrl.protocol.blobs import blob_chunks
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
 from swarmrl.protocol.updates import chunks
@@ -54,6 +55,13 @@ class TrainerService(pb_grpc.TrainerServicer):
             self.trainer.count_upload(len(update.payload))
             job.count_upload(request.requester, len(update.payload))
             yield from chunks(update.header, update.payload)
+
+    def FetchDataset(self, request: pb.UpdateRequest, context: grpc.ServicerContext) -> Iterator[pb.AdapterChunk]:
+        data = self.trainer.dataset_bytes(bytes(request.payload_sha256).hex())
+        if data is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, "no hosted job has this data set")
+        self.trainer.count_upload(len(data))
+        yield from blob_chunks(data)
 
     def GetJobStatus(self, request: pb.JobStatusRequest, context: grpc.ServicerContext) -> pb.JobStatus:
         job = self.trainer.jobs.get(request.job_id)
