@@ -100,7 +100,7 @@ def test_bad_rewards_fail_at_submit(tmp_path: Path, model_cache: Path, rewards: 
 def test_oversized_file_and_duplicates(tmp_path: Path, model_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     loaded = load_job_file(write_job(tmp_path, jsonl(ROWS + ROWS[:3])), model_cache)
     assert loaded.report.duplicates == 3 and "3 duplicate rows" in loaded.report.warnings[0]
-    import swarmrl.node.tasks as tasks
+    from swarmrl.node import tasks
 
     monkeypatch.setattr(tasks, "MAX_DATASET_BYTES", 100)
     with pytest.raises(ValueError, match="over the 0 MiB limit"):
