@@ -5,10 +5,11 @@
     swarmrl submit JOB.toml --trainer HOST:PORT
     swarmrl status JOB --trainer HOST:PORT
     swarmrl fetch JOB --trainer HOST:PORT --out DIR
-    swarmrl up [--model tiny|gemma] [--steps N] [--workers K] [--out DIR]
+    swarmrl up [JOB.toml] [--model tiny|gemma|FOLDER] [--steps N] [--workers K] [--out DIR] [-j FIELD=VALUE]
     swarmrl simulate [--scenario FILE] [--workers N] [--trainers K] [--hours H] [--cheaters SHARE] [--churn LEVEL]
     swarmrl dashboard --trainer HOST:PORT [--job JOB] [--port N]
-    swarmrl eval --adapter DIR
+    swarmrl eval [JOB.toml] --adapter DIR
+    swarmrl env list | swarmrl env check JOB.toml
 
 Arguments, files and configs are checked before torch, transformers, hivemind or peft are
 imported (commands import them lazily), so a typo is reported in a fraction of a second. Every
@@ -189,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--out", type=Path, required=True, help="folder to write the adapter into (created)")
     f.add_argument("--cache-dir", type=Path, help="base model cache (default: $SWARMRL_CACHE or ~/.cache/swarmrl)")
     _up_parser(sub)
-    e = _add(sub, "eval", "held-out greedy accuracy: base model vs adapter")
+    e = _add(sub, "eval", "held-out greedy score: base model vs adapter")
+    e.add_argument("job_file", nargs="?", type=_existing_file, help="JOB.toml whose task to score (default: arithmetic)")
     e.add_argument("--adapter", type=Path, required=True, help="a PEFT adapter folder (from fetch or up)")
     e.add_argument("--model", type=_model_name, default=None, help="base model (default: from the adapter's config)")
     e.add_argument("--n", type=_int_at_least(1), default=200, help="held-out prompts")
@@ -203,12 +205,17 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--job", action="append", default=[], metavar="JOB_ID", help="list this job on the index page")
     d.add_argument("--host", default="127.0.0.1", help="where the page listens (loopback unless told)")
     d.add_argument("--port", type=int, default=8080, help="0: any free port")
+    _env_parser(sub)
     return parser
 
 
 def _up_parser(sub: argparse._SubParsersAction) -> None:
-    up = _add(sub, "up", "run a whole local swarm on 127.0.0.1 and train the built-in job", epilog=UP_EPILOG)
-    up.add_argument("--model", type=_model_name, default="gemma", help="base model: tiny | gemma (google/gemma-3-270m)")
+    up = _add(sub, "up", "run a whole local swarm on 127.0.0.1 and train a job file (or the built-in job)",
+              epilog=UP_EPILOG)
+    up.add_argument("job_file", nargs="?", type=_existing_file, help="JOB.toml, as `swarmrl submit` takes it")
+    up.add_argument("--model", type=_model_name, default=None,
+                    help="tiny | gemma (google/gemma-3-270m) | a model folder; default: the job file's base_model, "
+                         "else gemma")
     up.add_argument("--steps", type=_int_at_least(1), help="job steps (default: the built-in job's)")
     up.add_argument("--workers", type=_int_at_least(1), default=2, help="honest workers")
     up.add_argument("--trainers", type=_int_at_least(1), default=1, help="trainers serving the job (they average gradients)")
@@ -227,6 +234,25 @@ def _up_parser(sub: argparse._SubParsersAction) -> None:
                          + ", ".join(cfgmod.RED_TEAM_MODES) + " (default: none)")
     up.add_argument("-j", "--job", dest="job_overrides", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a built-in job field (dotted fields, JSON values), repeatable")
+
+
+def _env_parser(sub: argparse._SubParsersAction) -> None:
+    env = _add(sub, "env", "installed environments and reward functions; check a job's task")
+    env_sub = env.add_subparsers(dest="env_command", required=True, metavar="ENV_COMMAND",
+                                 help="list | check (`swarmrl env ENV_COMMAND --help` lists its options)")
+    _add(env_sub, "list", "installed environments and built-in reward functions")
+    check = _add(env_sub, "check", "load a job's task, render prompts as workers will, grade the reference answers")
+    check.add_argument("job", type=_existing_file, help="JOB.toml, as `swarmrl submit` takes it")
+    check.add_argument("--model", type=_model_name, default=None, help="base model override (default: the job file's)")
+    check.add_argument("--cache-dir", type=Path, help="base model cache (default: $SWARMRL_CACHE or ~/.cache/swarmrl)")
+    check.add_argument("-n", type=_int_at_least(1), default=3, help="prompts to show")
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    from swarmrl.node import env_cli
+
+    return env_cli.env_list() if args.env_command == "list" else env_cli.env_check(args.job, args.model,
+                                                                                     args.cache_dir, args.n)
 
 
 # ---- commands ------------------------------------------------------------------------------------
@@ -273,8 +299,8 @@ def _check_model_available(name: str, cache_dir: Path | None) -> None:
     (its package installed). torch is imported only to look in the cache for Gemma."""
     import importlib.util
 
-    if name.strip() == "tiny" or importlib.util.find_spec(GEMMA_PACKAGE) is not None:
-        return
+    if name.strip() not in cfgmod.BASE_MODEL_NAMES or name.strip() == "tiny" or importlib.util.find_spec(GEMMA_PACKAGE):
+        return   # tiny is built on first use; folders and hub ids are checked when the worker loads them
     from swarmrl.node import models
 
     canonical = models.resolve_model_name(name)
@@ -285,20 +311,15 @@ def _check_model_available(name: str, cache_dir: Path | None) -> None:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    data = cfgmod.read_toml(args.job, "job file")
-    try:
-        model = cfgmod.check_base_model_name(str(data.pop("base_model", "tiny")))
-    except ValueError as exc:
-        raise UsageError(f"job file {args.job}: {exc}") from None
-    _refuse_derived_fields(data, f"{args.job}")
-    _check_key_path(args.key)
-    _precheck_job_fields(data, f"job file {args.job}")
-    from swarmrl.node.jobs import builtin_job
+    _precheck_job_file(args.job, args.key)
     from swarmrl.node.submitter import submit_job
+    from swarmrl.node.tasks import load_job_file
     from swarmrl.protocol.identity import Identity
 
-    spec = builtin_job(model, args.cache_dir, **data)
-    job_id = submit_job(args.trainer, Identity.load_or_create(args.key), spec)
+    loaded = load_job_file(args.job, args.cache_dir)   # every check a worker would trip over, here
+    for warning in loaded.report.warnings:
+        print(f"swarmrl submit: warning: {warning}", file=sys.stderr)
+    job_id = submit_job(args.trainer, Identity.load_or_create(args.key), loaded.spec, dataset=loaded.dataset)
     print(job_id)
     return 0
 
@@ -373,7 +394,9 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     opts = UpOptions(out=args.out, model=args.model, workers=args.workers, trainers=args.trainers,
                      cache_dir=args.cache_dir, threads=threads, timeout_s=args.timeout, red_team=red_team,
-                     job_overrides=job, **flags)
+                     job_overrides=job, job_file=args.job_file, **flags)
+    if args.job_file is None and opts.model is None:
+        opts.model = "gemma"
     run_up(opts)
     return 0
 
@@ -458,6 +481,20 @@ def _precheck_job_fields(fields: dict[str, Any], where: str) -> None:
             raise UsageError(f"{where}: {cfgmod.describe_validation_error(exc, JobSpec)}") from None
 
 
+def _precheck_job_file(path: Path, key: Path) -> None:
+    """The job file's syntax, base model name and plain fields, before torch is imported (the
+    data set and the rendered prompts are checked by `tasks.load_job_file` after)."""
+    data = cfgmod.read_toml(path, "job file")
+    try:
+        cfgmod.check_base_model_name(str(data.pop("base_model", "tiny")))
+    except ValueError as exc:
+        raise UsageError(f"job file {path}: {exc}") from None
+    _refuse_derived_fields(data, f"{path}")
+    _check_key_path(key)
+    if not isinstance(data.get("environment"), dict):   # a data-set table is pinned and checked later
+        _precheck_job_fields(data, f"job file {path}")
+
+
 def _check_key_path(path: Path) -> None:
     if path.exists() and not path.is_file():
         raise UsageError(f"--key {str(path)!r} is not a file")
@@ -490,12 +527,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          "pass the --out of `swarmrl fetch` or the adapter/ folder of `swarmrl up`")
     from swarmrl.node.evaluate import run_eval
 
-    run_eval(args.adapter, model=args.model, n=args.n, cache_dir=args.cache_dir)
+    run_eval(args.adapter, model=args.model, n=args.n, cache_dir=args.cache_dir, job_file=args.job_file)
     return 0
 
 
 COMMANDS = {"keygen": cmd_keygen, "submit": cmd_submit, "status": cmd_status, "fetch": cmd_fetch, "up": cmd_up,
-            "eval": cmd_eval, "dashboard": cmd_dashboard, **{r: cmd_role for r in ROLES}}
+            "eval": cmd_eval, "dashboard": cmd_dashboard, "env": cmd_env, **{r: cmd_role for r in ROLES}}
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ from rich.table import Column, Table
 
 from swarmrl.node.endpoints import collect_endpoints, describe, write_endpoints
 from swarmrl.node.jobs import builtin_job
-from swarmrl.node.models import prepare_base_model, resolve_model_name
+from swarmrl.node.models import find_base_model, prepare_base_model, resolve_model_name
 from swarmrl.node.runtime import DIE_WITH_PARENT
 from swarmrl.node.submitter import fetch_job_adapter, job_status, sign_job, submit_signed
 from swarmrl.node.swarm.figures import base_model_bytes, swarm_figures
@@ -47,7 +47,7 @@ class UpOptions:
     """Everything `swarmrl up` takes from the command line."""
 
     out: Path
-    model: str = "tiny"
+    model: str | None = "tiny"   # None with a job file: the file's base_model
     steps: int | None = None
     workers: int = 2
     trainers: int = 1
@@ -60,6 +60,7 @@ class UpOptions:
     red_team: list[str] = field(default_factory=list)
     job_overrides: dict = field(default_factory=dict)
     worker_overrides: list[str] = field(default_factory=list)   # extra `key=value` worker config (e.g. gossip=false)
+    job_file: Path | None = None   # JOB.toml as `swarmrl submit` takes it (None: the built-in job on `model`)
 
 
 STOP_S = 15.0
@@ -158,15 +159,11 @@ def _run_up(opts: UpOptions) -> dict:
     opts.out.mkdir(parents=True, exist_ok=True)
     work = opts.out / "run"
     shutil.rmtree(work, ignore_errors=True)  # a fresh swarm (keys, ledger, logs) every time
-    model = resolve_model_name(opts.model)
-    with console.status(f"preparing base model {model} (cached after the first run)"):
-        prepare_base_model(model, opts.cache_dir)
-        spec = builtin_job(model, opts.cache_dir, steps=opts.steps, seed=opts.seed,
-                           max_async_level=opts.max_async_level, **opts.job_overrides,
-                           **({"loss": {"variant": opts.loss}} if opts.loss else {}))
+    with console.status("preparing the base model and the job (cached after the first run)"):
+        spec, dataset = _up_job(opts)
     swarm = LocalSwarm(work)
     try:
-        return _drive(swarm, spec, opts, work)
+        return _drive(swarm, spec, opts, work, dataset)
     finally:
         swarm.stop_all()
 
@@ -186,6 +183,26 @@ def _signal_handler(sig: int, handler):
         yield
     finally:
         signal.signal(sig, previous)
+
+
+def _up_job(opts: UpOptions) -> tuple[JobSpec, bytes | None]:
+    """The job `up` runs: JOB.toml (checked as at submit time) or the built-in job, with the
+    command line's overrides on top."""
+    over = {k: v for k, v in {"steps": opts.steps, "max_async_level": opts.max_async_level}.items() if v is not None}
+    if opts.loss:
+        over["loss"] = {"variant": opts.loss}
+    if opts.job_file is not None:
+        from swarmrl.node.tasks import load_job_file
+
+        seed = {"seed": opts.seed} if opts.seed else {}
+        loaded = load_job_file(opts.job_file, opts.cache_dir, {**seed, **opts.job_overrides, **over},
+                               base_model=opts.model)
+        for warning in loaded.report.warnings:
+            console.print(f"[yellow]warning:[/] {warning}")
+        return loaded.spec, loaded.dataset
+    model = resolve_model_name(opts.model or "tiny")
+    prepare_base_model(model, opts.cache_dir)
+    return builtin_job(model, opts.cache_dir, seed=opts.seed, **opts.job_overrides, **over), None
 
 
 def _keys(work: Path, names: list[str]) -> dict[str, Identity]:
@@ -213,7 +230,7 @@ def _start_trainers(swarm: LocalSwarm, names: list[str], keys: dict[str, Identit
     return [swarm.wait_ready(n, work / f"{n}.ready", timeout_s=300)["endpoint"] for n in names]
 
 
-def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path) -> dict:
+def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path, dataset: bytes | None = None) -> dict:
     workers = [f"worker{i}" for i in range(opts.workers)]
     adversaries = {f"redteam-{check_mode(m)}": m for m in opts.red_team}   # one adversarial worker per mode
     trainers = trainer_names(max(1, opts.trainers))
@@ -244,7 +261,7 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path) -> dic
         for w in [*workers, *adversaries]:
             swarm.wait_ready(w, work / f"{w}.ready", timeout_s=300)
     with console.status("submitting the job (the trainers load the model)"):
-        envelope = sign_job(keys["submitter"], spec)
+        envelope = sign_job(keys["submitter"], spec, dataset)
         job_ids = {submit_signed(ep, envelope) for ep in endpoints}   # the same signed job: one job id
         job_id = job_ids.pop()
     swarm.wait_ready("validator", work / "validator.ready")
@@ -265,7 +282,7 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path) -> dic
     summary["disk"] = disk.report()
     statuses = [status] + [job_status(ep, job_id, history=spec.steps) for ep in endpoints[1:]]
     figures = swarm_figures(statuses, workers_state, job_id,
-                            base_model_bytes(prepare_base_model(spec.base_model, opts.cache_dir)))
+                            base_model_bytes(find_base_model(spec.base_model, opts.cache_dir)))
     summary.update(figures)
     summary["peers"] = sorted({p.peer_id for st in statuses for p in st.peers})
     summary["adapter_hash_agreement"] = summary["adapter_hash_agreement"] and figures["trainers_agree"] and all(
@@ -370,7 +387,7 @@ def _summarize(st: pb.JobStatus, spec: JobSpec, job_id: str, version: int, adapt
     worker_hashes = {w: s.get("adapters", {}).get(job_id, {}) for w, s in workers.items()}
     agree = all(h.get("hash") == adapter_hash.hex() and h.get("version") == version for h in worker_hashes.values())
     return {
-        "job_id": job_id, "base_model": spec.base_model, "loss": spec.loss.variant,
+        "job_id": job_id, "base_model": spec.base_model, "environment": spec.environment_id, "loss": spec.loss.variant,
         "final_version": int(st.policy_version), "steps": int(st.step),
         "reward_first": sum(rewards[:k]) / k if rewards else math.nan,
         "reward_last": sum(rewards[-k:]) / k if rewards else math.nan,
@@ -464,7 +481,7 @@ def _print_summary(summary: dict, out: Path) -> None:
     table = Table(title="swarmrl up: summary")
     table.add_column("figure")
     table.add_column("value", overflow="fold")
-    for key in ("job_id", "base_model", "loss", "final_version", "steps", "reward_first", "reward_last",
+    for key in ("job_id", "base_model", "environment", "loss", "final_version", "steps", "reward_first", "reward_last",
                 "reward_last_step", "groups_admitted", "groups_dropped", "groups_rejected", "validator",
                 "adapter_hash_agreement", "trainers", "delta_bytes_per_version", "adapter_bytes", "base_model_bytes",
                 "trainer_upload_bytes", "peer_upload_bytes", "trainer_upload_share", "trainer_upload_vs_star",

@@ -83,8 +83,79 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "swarmrl"
 
 
+def is_builtin_model(name: str) -> bool:
+    """Whether `name` is a built-in model name or alias (built or converted locally)."""
+    return name.strip() in _ALIASES
+
+
+def find_base_model(name: str, cache_dir: Path | None = None) -> Path:
+    """The folder of any causal LM: a built-in (prepared on first use), a local Hugging Face model
+    folder, or a hub id already in the local Hugging Face cache. Never downloads.
+
+    Raises:
+        ValueError: not built-in, not a folder and not in the local cache, or a folder that lacks
+            config.json, *.safetensors weights or tokenizer files (the message names what is missing).
+    """
+    if is_builtin_model(name):
+        return prepare_base_model(name, cache_dir)
+    folder = Path(name).expanduser()
+    if not folder.is_dir():
+        folder = _hub_cache_folder(name)
+    missing = [what for what, ok in (
+        ("config.json", (folder / "config.json").is_file()),
+        ("*.safetensors weights", any(folder.glob("*.safetensors"))),
+        ("tokenizer files (tokenizer.json, tokenizer.model or vocab files)",
+         any((folder / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json"))),
+    ) if not ok]
+    if missing:
+        raise ValueError(f"base model {name}: {folder} lacks {', '.join(missing)}")
+    return folder
+
+
+def find_base_model_by_sha(name: str, sha256: str, candidates: list[str] | tuple[str, ...] = (),
+                           cache_dir: Path | None = None) -> Path:
+    """The local folder whose weights hash to `sha256`: the job's `name` first, then each of
+    this node's configured base models (`candidates`), so a path on the submitter's machine
+    need not exist here.
+
+    Raises:
+        ValueError: no local model has those weights (the message lists what was tried and why).
+    """
+    tried = []
+    for candidate in dict.fromkeys([name, *candidates]):
+        try:
+            folder = find_base_model(candidate, cache_dir)
+        except (ValueError, RuntimeError) as exc:
+            tried.append(f"{candidate}: {exc}")
+            continue
+        if base_model_sha256(folder) == sha256:
+            return folder
+        tried.append(f"{candidate}: other weights")
+    raise ValueError(f"no local base model has the job's weights (sha256 {sha256[:12]}); tried " + "; ".join(tried))
+
+
+def _hub_cache_folder(name: str) -> Path:
+    """The cached snapshot of hub id `name` (local files only)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = None
+    if name.count("/") == 1 and not name.startswith((".", "/")):
+        try:
+            found = try_to_load_from_cache(name, "config.json")
+        except Exception:  # noqa: BLE001 - a malformed id is simply not in the cache
+            found = None
+    found = found if isinstance(found, str) else None
+    if found is None:
+        hub = os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME") or "~/.cache/huggingface"
+        raise ValueError(f"base model {name!r}: not a built-in model ({', '.join(sorted(_RECIPES))}), not a "
+                         f"folder, and not in the local Hugging Face cache ({hub}); no download is made at "
+                         "run time: give a model folder or fetch the model into the cache first")
+    return Path(found).parent
+
+
 def prepare_base_model(name: str, cache_dir: Path | None = None) -> Path:
-    """Build (first call) or find (later calls) the prepared folder of a base model.
+    """Build (first call) or find (later calls) the prepared folder of a built-in base model
+    (`find_base_model` also takes model folders and cached hub ids).
 
     Args:
         name: a canonical model name or alias (see `resolve_model_name`).
@@ -440,6 +511,26 @@ def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
     while ids and ids[0] == bos:
         ids.pop(0)
     return [bos, *ids]
+
+
+def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Any, chat_template: bool = False) -> list[int]:
+    """The one way a prompt becomes token ids, for workers, trainers and validators alike.
+
+    Plain: `encode_prompt(tokenizer, prompt.text)`. Chat: `prompt.messages` (or one user turn
+    holding `prompt.text`) through the tokenizer's chat template with the generation prompt, then
+    tokenized without adding special tokens (the template writes BOS where the model wants it).
+
+    Raises:
+        ValueError: a chat job on a tokenizer without a chat template.
+    """
+    if not chat_template:
+        return encode_prompt(tokenizer, prompt.text)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the job renders prompts with the chat template, but this model's tokenizer has none")
+    turns = getattr(prompt, "messages", ()) or (("user", prompt.text),)
+    text = tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in turns],
+                                         add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
 
 
 def lora_config(

@@ -6,6 +6,7 @@ exporting an adapter), so `swarmrl status` and a failed `submit` answer quickly.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,19 +42,25 @@ def stub(endpoint: str, max_message_mb: int = 64) -> pb_grpc.TrainerStub:
     return pb_grpc.TrainerStub(grpc.insecure_channel(endpoint, options=channel_options(max_message_mb)))
 
 
-def sign_job(identity: Identity, spec: JobSpec) -> pb.Signed:
-    """The signed `Job` envelope of `spec` (its body fixes the job id)."""
+def sign_job(identity: Identity, spec: JobSpec, dataset: bytes | None = None) -> pb.Signed:
+    """The signed `Job` envelope of `spec` (its body fixes the job id); a data-set job carries
+    its file's bytes (checked against the spec's sha256 here and by the trainer)."""
+    task = spec.dataset
+    if task is not None and (dataset is None or hashlib.sha256(dataset).hexdigest() != task.dataset_sha256):
+        raise ValueError(f"data-set job {spec.name}: the bytes given are not {task.dataset} ({task.dataset_sha256[:12]})")
     return signing.sign(identity, signing.JOB, pb.Job(spec_json=spec.canonical_json(),
-                                                      created_ms=int(time.time() * 1000)))
+                                                      created_ms=int(time.time() * 1000),
+                                                      dataset=dataset if task is not None else b""))
 
 
-def submit_job(endpoint: str, identity: Identity, spec: JobSpec, timeout_s: float = 600) -> str:
-    """Sign `spec` and submit it; returns the job id.
+def submit_job(endpoint: str, identity: Identity, spec: JobSpec, timeout_s: float = 600,
+               dataset: bytes | None = None) -> str:
+    """Sign `spec` (with its data-set bytes, if any) and submit it; returns the job id.
 
     Raises:
         JobRefused: the trainer answered with a refusal.
     """
-    return submit_signed(endpoint, sign_job(identity, spec), timeout_s)
+    return submit_signed(endpoint, sign_job(identity, spec, dataset), timeout_s)
 
 
 def submit_signed(endpoint: str, envelope: pb.Signed, timeout_s: float = 600) -> str:

@@ -21,10 +21,12 @@ from swarmrl.node.config import ValidatorConfig
 from swarmrl.node.grpc_options import channel_options
 from swarmrl.node.inference import build_backend
 from swarmrl.node.inference.hf import HFBackend
-from swarmrl.node.models import base_model_sha256, prepare_base_model, resolve_model_name
+from swarmrl.node.models import default_cache_dir, find_base_model_by_sha
+from swarmrl.node.swarm.datasets import DatasetStore, DatasetUnavailable, fetch_dataset
 from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.protocol import signing
-from swarmrl.protocol.envs import get_environment
+from swarmrl.protocol.envs import job_environment
+from swarmrl.protocol.envs.base import Environment
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -61,6 +63,7 @@ class JobWatch:
     adapters: TrainerAdapters
     model_sha: str
     refused_reported: bool = False
+    env: Environment | None = None
 
     @classmethod
     def open(cls, record: VerifiedRecord, *, max_message_mb: int, cache: SnapshotCache) -> JobWatch:
@@ -68,12 +71,25 @@ class JobWatch:
         or names an environment that is not installed here."""
         r = record.record
         spec = JobSpec.from_json(r.spec_json)
-        get_environment(spec.environment, spec.env_version)  # installed here, or ValueError
         channel = grpc.insecure_channel(r.endpoint, options=channel_options(max_message_mb))
         stub = pb_grpc.TrainerStub(channel)
+        dataset = None
+        if spec.dataset is not None:   # by content address from the trainer, verified chunk by chunk
+            try:
+                dataset = fetch_dataset(spec.dataset, DatasetStore(default_cache_dir() / "datasets"),
+                                        trainer_fetch=lambda req: stub.FetchDataset(req, timeout=FETCH_TIMEOUT_S),
+                                        trainer_name=r.trainer_id)
+            except DatasetUnavailable as exc:
+                channel.close()
+                raise ValueError(str(exc)) from None
+        try:
+            env = job_environment(spec, dataset)  # installed here (or the data set's bytes), or ValueError
+        except ValueError:
+            channel.close()
+            raise
         adapters = TrainerAdapters(r.job_id, record.trainer_public_key,
                                    lambda req: stub.FetchAdapter(req, timeout=FETCH_TIMEOUT_S), cache)
-        return cls(record, spec, channel, stub, adapters, r.base_model_sha256.hex())
+        return cls(record, spec, channel, stub, adapters, r.base_model_sha256.hex(), env=env)
 
     @property
     def job_id(self) -> str:
@@ -137,9 +153,7 @@ class ValidatorService:
         if sha in self.unservable:
             return None
         try:
-            path = prepare_base_model(resolve_model_name(record.base_model), self.cfg.cache_dir)
-            if base_model_sha256(path) != sha:
-                raise ValueError(f"local {record.base_model} weights differ from the job's sha256 {sha[:12]}")
+            path = find_base_model_by_sha(record.base_model, sha, self.cfg.base_models, self.cfg.cache_dir)
         except (ValueError, RuntimeError) as exc:
             log.warning("can't validate jobs on %s: %s", record.base_model, exc)
             self.unservable.add(sha)
@@ -195,6 +209,8 @@ class ValidatorService:
 
     def round(self, watch: JobWatch, validator: Validator) -> tuple[int, bool]:
         """Judge the next admitted batches of one job. Returns (verdicts sent, caught up)."""
+        if watch.env is not None:
+            validator.add_env(watch.spec, watch.env)
         batches = watch.sample(self.seen.cursor(watch.job_id, watch.trainer_id))
         if not batches:
             return 0, True

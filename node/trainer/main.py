@@ -11,7 +11,7 @@ import threading
 import time
 
 from swarmrl.node.config import TrainerConfig
-from swarmrl.node.models import base_model_sha256, prepare_base_model
+from swarmrl.node.models import find_base_model_by_sha
 from swarmrl.node.runtime import start_role, write_ready
 from swarmrl.node.swarm.dht import REFRESH_S, announce_job, find_jobs, visible_maddrs
 from swarmrl.node.swarm.job_swarm import JobSwarm
@@ -43,13 +43,12 @@ class Trainer:
         self._lock = threading.Lock()
         for job_id, envelope in self.ledger.jobs():
             job, _ = signing.open_signed(envelope, signing.JOB, pb.Job)
-            self._host(job_id, JobSpec.from_json(job.spec_json))
+            self._host(job_id, JobSpec.from_json(job.spec_json), bytes(job.dataset) or None)
 
-    def _host(self, job_id: str, spec: JobSpec) -> JobRuntime:
-        path = prepare_base_model(spec.base_model, self.cfg.cache_dir)
-        if base_model_sha256(path) != spec.base_model_sha256:
-            raise ValueError(f"base model {spec.base_model} here does not match the job's sha256")
+    def _host(self, job_id: str, spec: JobSpec, dataset: bytes | None = None) -> JobRuntime:
+        path = find_base_model_by_sha(spec.base_model, spec.base_model_sha256, self.cfg.base_models, self.cfg.cache_dir)
         runtime = JobRuntime(job_id, spec, identity=self.identity, model_path=path, state_dir=self.cfg.state_dir,
+                             dataset=dataset,
                              ledger=self.ledger, prompt_shard=self.cfg.prompt_shard,
                              probation_ms=int(self.cfg.probation_s * 1000) if self.cfg.trusted_validators else 0,
                              wrap_reducer=reducer_wrap(self.cfg.fault))
@@ -75,11 +74,11 @@ class Trainer:
         with self._lock:
             if job_id not in self.jobs:
                 try:
-                    self._host(job_id, spec)
+                    self._host(job_id, spec, bytes(job.dataset) or None)
                 except (ValueError, RuntimeError) as exc:
                     return pb.JobAck(job_id=job_id, accepted=False, reason=str(exc)[:500])
                 self.ledger.add_job(job_id, envelope, now_ms())
-                log.info("hosting job %s (%s on %s) from %s", job_id, spec.environment, spec.base_model, submitter)
+                log.info("hosting job %s (%s on %s) from %s", job_id, spec.environment_id, spec.base_model, submitter)
         return pb.JobAck(job_id=job_id, accepted=True)
 
     def admit(self, envelope: pb.Signed) -> pb.BatchReceipt:
@@ -103,6 +102,14 @@ class Trainer:
             return pb.VerdictAck(reason="unknown_job")
         banned = job.admission.apply_verdicts(validator, report)
         return pb.VerdictAck(accepted=len(report.verdicts), banned=banned)
+
+    def dataset_bytes(self, sha256_hex: str) -> bytes | None:
+        """The data-set file of a hosted job, by sha256 (served to workers and validators)."""
+        for runtime in list(self.jobs.values()):
+            task = runtime.spec.dataset
+            if task is not None and task.dataset_sha256 == sha256_hex and runtime.dataset is not None:
+                return runtime.dataset
+        return None
 
     def count_upload(self, n: int) -> None:
         with self._lock:

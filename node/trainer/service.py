@@ -16,6 +16,7 @@ from swarmrl.node.grpc_options import server_options
 from swarmrl.node.grpc_standard import add_standard_services
 from swarmrl.node.runtime import StartupError
 from swarmrl.protocol import signing
+from swarmrl.protocol.blobs import blob_chunks
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
 from swarmrl.protocol.updates import VersionNotKept, chunks
@@ -59,6 +60,13 @@ class TrainerService(pb_grpc.TrainerServicer):
                 yield from chunks(update.header, update.payload)
         except VersionNotKept as exc:  # pruned (retention.py): say so, unlike a never-published version
             context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
+
+    def FetchDataset(self, request: pb.UpdateRequest, context: grpc.ServicerContext) -> Iterator[pb.AdapterChunk]:
+        data = self.trainer.dataset_bytes(bytes(request.payload_sha256).hex())
+        if data is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, "no hosted job has this data set")
+        self.trainer.count_upload(len(data))
+        yield from blob_chunks(data)
 
     def GetJobStatus(self, request: pb.JobStatusRequest, context: grpc.ServicerContext) -> pb.JobStatus:
         job = self.trainer.jobs.get(request.job_id)

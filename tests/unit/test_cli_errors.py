@@ -158,7 +158,7 @@ def test_up_with_a_job_override_of_a_flag_field_builds_the_job(tmp_path, model_c
     from swarmrl.node import local
 
     built = {}
-    monkeypatch.setattr(local, "_drive", lambda swarm, spec, opts, work: built.setdefault("spec", spec))
+    monkeypatch.setattr(local, "_drive", lambda swarm, spec, opts, work, dataset: built.setdefault("spec", spec))
     argv = ["up", "--model", "tiny", "--out", str(tmp_path), "--cache-dir", str(model_cache), "-j", "max_async_level=0",
             "--loss", "gspo", "-j", "loss.eps_low=0.1"]
     assert cli.main(argv) == 0
