@@ -195,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--adapter", type=Path, required=True, help="a PEFT adapter folder (from fetch or up)")
     e.add_argument("--model", type=_model_name, default=None, help="base model (default: from the adapter's config)")
     e.add_argument("--n", type=_int_at_least(1), default=200, help="held-out prompts")
+    e.add_argument("--seed", type=_int_at_least(0), default=None,
+                   help="the job's seed, which picks a data set's held-out rows (default: the job file's, else 0)")
     e.add_argument("--cache-dir", type=Path, help="base model cache (default: $SWARMRL_CACHE or ~/.cache/swarmrl)")
     from swarmrl.simulations.cli_args import add_arguments as add_simulate_arguments  # argparse only
 
@@ -527,7 +529,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                          "pass the --out of `swarmrl fetch` or the adapter/ folder of `swarmrl up`")
     from swarmrl.node.evaluate import run_eval
 
-    run_eval(args.adapter, model=args.model, n=args.n, cache_dir=args.cache_dir, job_file=args.job_file)
+    run_eval(args.adapter, model=args.model, n=args.n, cache_dir=args.cache_dir, job_file=args.job_file,
+             seed=args.seed)
     return 0
 
 

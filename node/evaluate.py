@@ -53,9 +53,11 @@ def evaluate(backend: InferenceBackend, env: Environment, prompts: list[PromptSp
 
 
 def run_eval(adapter_dir: Path, *, model: str | None = None, n: int = 200, cache_dir: Path | None = None,
-             seed: int = 0, max_new_tokens: int = 8, job_file: Path | None = None) -> tuple[EvalResult, EvalResult]:
+             seed: int | None = None, max_new_tokens: int = 8, job_file: Path | None = None) -> tuple[EvalResult, EvalResult]:
     """Print (and return) base vs adapter scores on `n` held-out prompts of the job file's task
-    (default: the built-in arithmetic task); a data set has as many held-out prompts as rows held out."""
+    (default: the built-in arithmetic task); a data set has as many held-out prompts as rows held out.
+    `seed` is the job's seed (default: the job file's, else 0): a data-set job's held-out rows
+    are a seed hash split, so score an adapter with the seed it was trained with."""
     import peft
 
     config = peft.LoraConfig.from_pretrained(str(adapter_dir))
@@ -69,14 +71,15 @@ def run_eval(adapter_dir: Path, *, model: str | None = None, n: int = 200, cache
     if job_file is not None:
         from swarmrl.node.tasks import load_job_file
 
-        loaded = load_job_file(job_file, cache_dir, base_model=name, tokenizer=backend.tokenizer)
+        loaded = load_job_file(job_file, cache_dir, None if seed is None else {"seed": seed}, base_model=name,
+                               tokenizer=backend.tokenizer)
         spec = loaded.spec
         env = job_environment(spec, loaded.dataset)
         seed, max_new_tokens, stop, chat, title = (spec.seed, spec.sampling.max_new_tokens, tuple(spec.sampling.stop),
                                                    spec.chat_template, spec.environment_id)
         n = min(n, len(env.heldout_rows)) if isinstance(env, DatasetEnv) else n
     else:
-        env = get_environment("arithmetic", "1")
+        env, seed = get_environment("arithmetic", "1"), seed or 0
     prompts = heldout_prompts(env, n, seed)
     base = evaluate(backend, env, prompts, None, max_new_tokens, stop, chat)
     tuned = evaluate(backend, env, prompts, EVAL_ADAPTER, max_new_tokens, stop, chat)
