@@ -87,7 +87,7 @@ class BootstrapConfig(_Config):
 class TrainerConfig(_Config):
     """`swarmrl trainer`: hosts jobs (leases, admission, GRPO steps) and serves them over gRPC.
 
-    Sizes in MB are MiB-free decimal megabytes of a gRPC message or admitted batch; times in seconds.
+    Sizes `*_mb` are MiB (2**20 bytes): a gRPC message, an admitted rollout batch; times `*_s` in seconds.
     """
 
     key: Path = Path("keys/trainer.key")
