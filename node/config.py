@@ -23,7 +23,7 @@ from swarmrl.protocol.red_team_modes import MODES
 
 C = TypeVar("C", bound=BaseModel)
 
-# Mirrors of tables that live beside torch (node.models._ALIASES, node.worker.red_team.MODES), so a
+# Mirror of a table that lives beside torch (node.model_recipes.ALIASES), so a
 # bad name is refused without importing torch; tests/unit/test_cli_errors.py checks they agree.
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 BASE_MODEL_NAMES = ("tiny", "google/gemma-3-270m", "gemma", "gemma-3-270m", "gemma3-270m")
@@ -78,11 +78,18 @@ class NetConfig(_Config):
 
 
 class BootstrapConfig(_Config):
+    """`swarmrl bootstrap`: a DHT peer that others join through (it runs no role)."""
+
     net: NetConfig = NetConfig()
     ready_file: Path | None = None   # where to write {"maddrs": [...]} once listening
 
 
 class TrainerConfig(_Config):
+    """`swarmrl trainer`: hosts jobs (leases, admission, GRPO steps) and serves them over gRPC.
+
+    Sizes `*_mb` are MiB (2**20 bytes): a gRPC message, an admitted rollout batch; times `*_s` in seconds.
+    """
+
     key: Path = Path("keys/trainer.key")
     state_dir: Path = Path("state/trainer")
     cache_dir: Path | None = None        # base models (default: $SWARMRL_CACHE or ~/.cache/swarmrl)
@@ -115,6 +122,8 @@ class TrainerConfig(_Config):
 
 
 class WorkerConfig(_Config):
+    """`swarmrl worker`: leases prompts, generates, grades, signs and submits rollouts."""
+
     key: Path = Path("keys/worker.key")
     cache_dir: Path | None = None
     net: NetConfig = NetConfig()
@@ -157,6 +166,8 @@ class WorkerConfig(_Config):
 
 
 class ValidatorConfig(_Config):
+    """`swarmrl validator`: re-checks a sample of admitted rollouts and reports verdicts."""
+
     key: Path = Path("keys/validator.key")
     state_dir: Path = Path("state/validator")
     cache_dir: Path | None = None

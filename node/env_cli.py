@@ -32,7 +32,7 @@ def env_list() -> int:
 def env_check(job: Path, model: str | None, cache_dir: Path | None, n: int = 3) -> int:
     """Load the job's task as at submit time, render `n` prompts exactly as workers do, grade the
     reference answers, print token counts and the time taken."""
-    from swarmrl.node.models import render_prompt
+    from swarmrl.node.causal_lm import render_prompt
     from swarmrl.node.tasks import load_job_file, load_tokenizer, reference_grades, token_summary
     from swarmrl.protocol.envs import job_environment
     from swarmrl.protocol.envs.dataset import DatasetEnv

@@ -14,10 +14,11 @@ from rich.console import Console
 from rich.table import Table
 from safetensors.torch import load_file
 
+from swarmrl.node.causal_lm import render_prompt
 from swarmrl.node.inference import build_backend
 from swarmrl.node.inference.base import InferenceBackend, Sampling
 from swarmrl.node.model_card import add_heldout
-from swarmrl.node.models import find_base_model, is_builtin_model, render_prompt, resolve_model_name
+from swarmrl.node.models import find_base_model, is_builtin_model, resolve_model_name
 from swarmrl.protocol.envs import get_environment, heldout_prompts, job_environment
 from swarmrl.protocol.envs.base import Environment, PromptSpec
 from swarmrl.protocol.envs.dataset import DatasetEnv

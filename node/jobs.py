@@ -5,14 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from swarmrl.node.models import (
-    GEMMA,
-    TINY,
-    base_model_sha256,
-    find_base_model,
-    is_builtin_model,
-    resolve_model_name,
-)
+from swarmrl.node.model_recipes import GEMMA, TINY
+from swarmrl.node.models import base_model_sha256, find_base_model, is_builtin_model, resolve_model_name
 from swarmrl.protocol.jobspec import JobSpec
 
 # Per base model: chosen so a tiny run takes seconds per step and a Gemma run shows learning

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swarmrl.node.causal_lm import render_prompt
 from swarmrl.node.jobs import _merge, builtin_job
-from swarmrl.node.models import find_base_model, render_prompt
+from swarmrl.node.models import find_base_model
 from swarmrl.protocol.envs import job_environment
 from swarmrl.protocol.envs.base import Environment, PromptSpec
 from swarmrl.protocol.envs.dataset import (

@@ -20,7 +20,6 @@ import grpc
 from swarmrl.node.config import ValidatorConfig
 from swarmrl.node.grpc_options import channel_options
 from swarmrl.node.inference import build_backend
-from swarmrl.node.inference.hf import HFBackend
 from swarmrl.node.models import default_cache_dir, find_base_model_by_sha
 from swarmrl.node.swarm.datasets import DatasetStore, DatasetUnavailable, fetch_dataset
 from swarmrl.node.swarm.dht import VerifiedRecord
@@ -93,23 +92,43 @@ class JobWatch:
 
     @property
     def job_id(self) -> str:
+        """The followed job's id."""
         return self.record.record.job_id
 
     @property
     def trainer_id(self) -> str:
+        """Peer id of the trainer whose record this watch follows."""
         return self.record.trainer_id
 
     def sample(self, after_seq: int) -> list[pb.AdmittedBatch]:
+        """Up to MAX_BATCHES admitted batches after ledger sequence `after_seq`, oldest first.
+
+        Raises:
+            grpc.RpcError: the trainer could not be reached (or did not answer in RPC_TIMEOUT_S).
+        """
         req = pb.SampleRequest(job_id=self.job_id, after_seq=after_seq, max_batches=MAX_BATCHES)
         return list(self.stub.SampleAdmitted(req, timeout=RPC_TIMEOUT_S))
 
     def head_version(self) -> int:
-        return int(self.stub.GetJobStatus(pb.JobStatusRequest(job_id=self.job_id), timeout=RPC_TIMEOUT_S).policy_version)
+        """The job's policy version at the trainer now.
+
+        Raises:
+            grpc.RpcError: the trainer could not be reached (or did not answer in RPC_TIMEOUT_S).
+        """
+        status: pb.JobStatus = self.stub.GetJobStatus(pb.JobStatusRequest(job_id=self.job_id), timeout=RPC_TIMEOUT_S)
+        return int(status.policy_version)
 
     def report(self, envelope: pb.Signed) -> pb.VerdictAck:
-        return self.stub.ReportVerdicts(envelope, timeout=RPC_TIMEOUT_S)
+        """Send a signed verdict report to the trainer; returns its acknowledgement.
+
+        Raises:
+            grpc.RpcError: the trainer could not be reached (or did not answer in RPC_TIMEOUT_S).
+        """
+        ack: pb.VerdictAck = self.stub.ReportVerdicts(envelope, timeout=RPC_TIMEOUT_S)
+        return ack
 
     def close(self) -> None:
+        """Close the channel to the trainer."""
         self.channel.close()
 
 
@@ -135,6 +154,7 @@ class ValidatorService:
         self.stats = VerdictStats()                   # groups checked, verdicts sent (validator.metrics)
 
     def close(self) -> None:
+        """Close every watch, unload the models, and close the seen and reputation stores."""
         for watch in self.watches.values():
             watch.close()
         for v in self.validators.values():
@@ -158,8 +178,7 @@ class ValidatorService:
             log.warning("can't validate jobs on %s: %s", record.base_model, exc)
             self.unservable.add(sha)
             return None
-        backend = build_backend("hf", path)
-        assert isinstance(backend, HFBackend), "the validator rescores with the transformers backend"
+        backend = build_backend("hf", path)   # rescoring runs one prefill on `backend.activated`'s model
         self.validators[sha] = Validator(backend, seen=self.seen, reputation=self.reputation,
                                          sampling_key=self.sampling_key, settings=self.settings)
         log.info("loaded %s for validation", record.base_model)

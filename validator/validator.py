@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from swarmrl.node.causal_lm import render_prompt
 from swarmrl.node.grading import GradingError, GradingPool
 from swarmrl.node.inference.base import InferenceBackend
-from swarmrl.node.models import render_prompt
 from swarmrl.node.tasks import grader_for
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol import signing

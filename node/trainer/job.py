@@ -18,8 +18,8 @@ from pathlib import Path
 
 from peft import PeftModel
 
+from swarmrl.node.causal_lm import render_prompt, vocab_size
 from swarmrl.node.model_card import write_model_card
-from swarmrl.node.models import render_prompt, vocab_size
 from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.node.swarm.job_swarm import JobSwarm
 from swarmrl.node.trainer.adapter_store import AdapterStore, StoredUpdate

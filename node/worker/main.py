@@ -14,6 +14,7 @@ import random
 import threading
 import time
 from collections import defaultdict
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -37,6 +38,14 @@ from swarmrl.node.worker.stats import retired, worker_metrics
 from swarmrl.protocol.envs import get_environment
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
+
+if TYPE_CHECKING:   # annotations only
+    from collections.abc import Callable
+    from types import SimpleNamespace
+
+    import hivemind
+
+    from swarmrl.node.inference.base import InferenceBackend
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +85,12 @@ TRAINER_RETRY_S = 30.0
 class Worker:
     """The job sessions of one worker process over one loaded base model."""
 
-    def __init__(self, cfg: WorkerConfig, identity: Identity, dht=None, gossip: GossipNode | None = None) -> None:
+    def __init__(self, cfg: WorkerConfig, identity: Identity, dht: hivemind.DHT | None = None,
+                 gossip: GossipNode | None = None) -> None:
         self.cfg, self.identity = cfg, identity
         self.dht, self.gossip = dht, gossip
         names = [resolve_model_name(m) if is_builtin_model(m) else m for m in (cfg.base_models or [cfg.base_model])]
-        self.backends: dict[str, object] = {}   # base-model sha256 -> backend (one load per model)
+        self.backends: dict[str, InferenceBackend] = {}   # base-model sha256 -> backend (one load per model)
         for name in names:
             path = find_base_model(name, cfg.cache_dir)
             self.backends.setdefault(base_model_sha256(path), build_backend(cfg.backend, path))
@@ -91,13 +101,15 @@ class Worker:
         self.dataset_stats = DatasetFetchStats()
         self.skipped: dict[str, str] = {}   # job id -> why this worker does not serve it
         self.sessions: dict[str, JobSession] = {}
-        self.finished: dict[str, dict] = {}
+        self.finished: dict[str, dict[str, Any]] = {}
         self._failed_trainers: dict[str, float] = {}   # trainer id -> monotonic time until it is skipped
         self.red_team = RedTeam(cfg.red_team) if cfg.red_team else None   # adversarial drill (local only)
-        self.retired: dict = {}   # job id -> what the metrics keep of a finished session
+        self.retired: dict[str, SimpleNamespace] = {}   # job id -> what the metrics keep of a finished session
         self.ops_urls: dict[str, str] = {}   # {"metrics": URL} once the metrics server runs
 
     def session(self, rec: VerifiedRecord) -> JobSession:
+        """The session of the record's job, opened on first use (a LoRA slot on the backend of the
+        job's base model)."""
         job_id = rec.record.job_id
         if job_id not in self.sessions:
             spec = JobSpec.from_json(rec.record.spec_json)
@@ -139,7 +151,9 @@ class Worker:
         del self.sessions[rec.record.job_id]
         log.info("job %s done; holding final version %d", rec.record.job_id, session.replica.version)
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
+        """The worker's ready file: peer id, per job the adapter it holds (version, hash, trainer,
+        sync figures, bytes served to peers), skipped jobs, data-set sources."""
         adapters = {j: {"version": s.replica.version, "hash": s.replica.hash.hex(), "trainer": s.record.trainer_id,
                         "sync": s.sync.stats.report()} for j, s in list(self.sessions.items())}
         adapters.update(self.finished)
@@ -170,7 +184,7 @@ class Worker:
                 out.append(r)
         return out
 
-    def tick(self, dht, stop: threading.Event) -> bool:
+    def tick(self, dht: hivemind.DHT, stop: threading.Event) -> bool:
         """One pass over the known jobs. Returns False when there is nothing left to do."""
         jobs = by_job(self.runnable(servable(find_jobs(dht), set(self.backends))))
         live = []
@@ -212,7 +226,7 @@ class Worker:
             log.info("job %s lease %s v%d: %d/%d groups admitted", session.job_id, result.lease_id,
                      result.policy_version, result.admitted, result.groups)
 
-    def _guard(self, fn, rec: VerifiedRecord, stop: threading.Event, **kwargs) -> None:
+    def _guard(self, fn: Callable[..., object], rec: VerifiedRecord, stop: threading.Event, **kwargs: Any) -> None:
         try:
             fn(rec, **kwargs) if kwargs else fn(rec)
         except grpc.RpcError as exc:
@@ -228,6 +242,7 @@ class Worker:
             stop.wait(self.cfg.poll_s)
 
     def close(self) -> None:
+        """Close every open job session."""
         for s in self.sessions.values():
             s.close()
 

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import grpc
 import hivemind
 
+from swarmrl.node.causal_lm import render_prompt
 from swarmrl.node.grpc_options import channel_options
 from swarmrl.node.inference.base import InferenceBackend, SampledCompletion, Sampling
-from swarmrl.node.models import default_cache_dir, render_prompt
+from swarmrl.node.models import default_cache_dir
 from swarmrl.node.swarm.catchup import CatchUp
 from swarmrl.node.swarm.datasets import DatasetFetchStats, DatasetStore, fetch_dataset
 from swarmrl.node.swarm.gossip import GossipNode

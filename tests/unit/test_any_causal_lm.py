@@ -9,13 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarmrl.node.models import (
-    base_model_sha256,
-    build_tiny_tokenizer,
-    find_base_model,
-    find_base_model_by_sha,
-    render_prompt,
-)
+from swarmrl.node.causal_lm import render_prompt
+from swarmrl.node.model_recipes import build_tiny_tokenizer
+from swarmrl.node.models import base_model_sha256, find_base_model, find_base_model_by_sha
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
