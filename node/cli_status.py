@@ -36,6 +36,10 @@ def print_status(st: pb.JobStatus) -> None:
                   f"admitted {st.groups_admitted}, dropped {st.groups_dropped}, rejected {dict(st.groups_rejected)}, "
                   f"validator checked {st.validator_checked} failed {st.validator_failed}, "
                   f"on probation {st.groups_on_probation}")
+    if st.HasField("serving_workers"):
+        console.print(f"workers serving it: {st.serving_workers}" + (
+            f" - no worker can serve this job: {st.unserved_reason}" if st.unserved_reason else ""),
+            markup=False, style="bold red" if st.unserved_reason else None)
     steps = Table("step", "reward", "loss", "staleness", "trained", "rejected", "seconds", title="recent steps")
     for h in st.history:
         steps.add_row(str(h.step), f"{h.reward_mean:.3f}", f"{h.loss:.4f}", f"{h.staleness_mean:.2f}",

@@ -1,7 +1,8 @@
 """Job files (JOB.toml) and their tasks: load, check at submit time, build the environment.
 
 A job file is a `JobSpec` in TOML whose `[environment]` table may name a data-set file by path;
-`load_job_file` reads that file, pins its sha256, size and chunk hashes in the spec, and checks
+`load_job_file` reads that file, pins its sha256, size and chunk hashes in the spec (an installed
+environment: its package hash, `env_package_sha256`), and checks
 everything a worker would trip over, before any worker sees the job: the rows parse (UTF-8, one
 JSON object a line, or Parquet), the prompt and answer fields exist in every row, the rewards
 are known and well-formed, every prompt rendered exactly as workers render it fits in
@@ -20,7 +21,7 @@ from typing import Any
 from swarmrl.node.causal_lm import render_prompt
 from swarmrl.node.jobs import _merge, builtin_job
 from swarmrl.node.models import find_base_model
-from swarmrl.protocol.envs import job_environment
+from swarmrl.protocol.envs import installed_environments, job_environment
 from swarmrl.protocol.envs.base import Environment, PromptSpec
 from swarmrl.protocol.envs.dataset import (
     MAX_DATASET_BYTES,
@@ -81,7 +82,19 @@ def load_job_file(path: Path, cache_dir: Path | None = None, overrides: dict[str
     spec = builtin_job(model, cache_dir, **data)
     tok = tokenizer if tokenizer is not None else load_tokenizer(spec.base_model, cache_dir)
     report = check_task(spec, dataset, tok)
+    if spec.dataset is None and not spec.env_package_sha256:
+        spec = spec.model_copy(update={"env_package_sha256": package_pin(spec.environment_id, spec.env_version)})
     return LoadedJob(spec, dataset, report)
+
+
+def package_pin(name: str, version: str) -> str:
+    """The package hash a job on installed environment `name` `version` pins: the submitter's
+    installed package's (as `swarmrl env list` shows it); "" for a built-in (swarmrl's own
+    environments are pinned by their version, as the rest of the protocol is) or one not installed."""
+    for e in installed_environments():
+        if e.name == name and e.version == version and e.package not in ("", "swarmrl"):
+            return e.package_sha256
+    return ""
 
 
 def pin_dataset(env: dict[str, Any], base_dir: Path) -> tuple[dict[str, Any], bytes]:

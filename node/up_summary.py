@@ -46,6 +46,7 @@ def summarize(st: pb.JobStatus, spec: JobSpec, job_id: str, version: int, adapte
         "groups_admitted": int(st.groups_admitted), "groups_dropped": int(st.groups_dropped),
         "groups_rejected": dict(st.groups_rejected),
         "validator": {"checked": int(st.validator_checked), "failed": int(st.validator_failed)},
+        "serving_workers": int(st.serving_workers) if st.HasField("serving_workers") else None,
         "peers": [p.peer_id for p in st.peers],
         "roles": {name: ident.peer_id for name, ident in keys.items()},
         "adapter_hash": adapter_hash.hex(), "adapter_hash_agreement": agree,

@@ -43,7 +43,9 @@ class JobSpec(_Frozen):
     `base_model` is any causal LM: a built-in name ("tiny", "google/gemma-3-270m"), a Hugging Face
     model folder or a hub id already in the local cache; `base_model_sha256` pins the exact weights
     (hex sha256, see node.models.base_model_sha256); workers whose local copy differs refuse the job.
-    `environment` is an installed environment's name (with `env_version`) or a data-set task.
+    `environment` is an installed environment's name (with `env_version` and, optionally,
+    `env_package_sha256`: the hash of its installed package as `swarmrl env list` shows it, filled
+    at submit time; workers whose package differs refuse the job) or a data-set task.
     """
 
     name: str = Field("job", min_length=1, max_length=64)
@@ -51,6 +53,8 @@ class JobSpec(_Frozen):
     base_model_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     environment: str | DatasetTask = "arithmetic"
     env_version: str = "1"
+    env_package_sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$",
+                                    description="an installed environment's package hash ('' = any)")
     seed: int = Field(0, ge=0, lt=2**63)
     group_size: int = Field(8, ge=2, le=256, description="G: completions per prompt")
     batch_groups: int = Field(8, ge=1, le=4096, description="groups per optimizer step")

@@ -24,7 +24,9 @@ ROLLOUT_BATCH = "rollout-batch"
 ADAPTER_UPDATE = "adapter-update"
 VERDICTS = "verdicts"
 DELTA_HOLDER = "delta-holder"
-DOMAINS = frozenset({JOB, JOB_RECORD, LEASE_REQUEST, ROLLOUT_BATCH, ADAPTER_UPDATE, VERDICTS, DELTA_HOLDER})
+WORKER_ENVS = "worker-envs"
+DOMAINS = frozenset({JOB, JOB_RECORD, LEASE_REQUEST, ROLLOUT_BATCH, ADAPTER_UPDATE, VERDICTS, DELTA_HOLDER,
+                     WORKER_ENVS})
 
 M = TypeVar("M", bound=Message)
 

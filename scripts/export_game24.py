@@ -3,9 +3,11 @@
 a data-set job: OUT/game24.jsonl + OUT/game24.toml.
 
 A row is {"puzzle": "4 4 6 8", "target": "24", "rank": 1, "solved_rate": 0.992}; the completion
-should be an expression worth 24: `math_verify` compares its value with 24 (it does not check
-that the four numbers were used: a known limit of this reward for this task), `regex_format`
-nudges towards a single arithmetic expression, `length_penalty` keeps it short.
+should be an expression worth 24: `countdown` scores 1.0 only when the first line parses as an
+expression of exactly the puzzle's four numbers (a multiset, read from the `puzzle` field) with
++ - * / and parentheses whose value is the target (`math_verify` checked the value alone, so
+"24" scored 1.0: reward-hackable), `regex_format` nudges towards a single arithmetic expression,
+`length_penalty` keeps it short.
 
     pip download --no-deps tree-of-thoughts-llm==0.1.0 -d DIR
     python scripts/export_game24.py DIR/tree_of_thoughts_llm-0.1.0-py3-none-any.whl OUT [--model tiny]
@@ -37,7 +39,7 @@ answer_field = "target"
 system_prompt = "Use each of the four numbers exactly once with + - * / and parentheses to make 24. Write only the expression."
 prompt_template = "Numbers: {{prompt}}\\nExpression:"
 few_shot = [{{prompt = "4 4 6 8", answer = "(4 + 8) * (6 - 4)"}}, {{prompt = "2 9 10 12", answer = "2 * 12 * (10 - 9)"}}]
-rewards = [{{name = "math_verify", weight = 1.0}},
+rewards = [{{name = "countdown", weight = 1.0, numbers_field = "puzzle"}},
            {{name = "regex_format", weight = 0.1, pattern = '^\\s*[\\d\\s+\\-*/().]+\\s*$'}},
            {{name = "length_penalty", weight = 0.1, max_chars = 40}}]
 """

@@ -1,11 +1,14 @@
-"""What `swarmrl status` shows of one job: a `JobStatus` built from the job's ledger and head."""
+"""What `swarmrl status` shows of one job: a `JobStatus` built from the job's ledger and head, and
+(with a DHT) how many announcing workers can serve it (`swarm.env_records`)."""
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from swarmrl.node.swarm.env_records import cached_worker_envs, serving
 from swarmrl.node.swarm.holders import find_holders
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
@@ -13,6 +16,9 @@ if TYPE_CHECKING:
     import hivemind
 
     from swarmrl.node.trainer.job import JobRuntime
+    from swarmrl.protocol.jobspec import JobSpec
+
+log = logging.getLogger(__name__)
 
 CORE_FIELDS = ("step", "policy_version", "reward_mean", "groups_trained", "groups_rejected", "staleness_mean",
                "loss", "seconds")
@@ -47,7 +53,21 @@ def job_status(job: JobRuntime, history: int, verdicts: int = 0, holders: bool =
         st.recent_verdicts.extend(ledger.recent_verdicts(job_id, min(verdicts, 1000)))
     if holders and job.cotraining is not None:
         st.holder_versions.update(holder_versions(job.cotraining.swarm.dht, job_id))
+    if job.cotraining is not None:
+        fill_serving(st, job.spec, job.cotraining.swarm.dht)
     return st
+
+
+def fill_serving(st: pb.JobStatus, spec: JobSpec, dht: hivemind.DHT, max_age_s: float = 5.0) -> None:
+    """Set `serving_workers` and `unserved_reason` from the workers' environment records (a DHT read,
+    reused for `max_age_s` seconds); a DHT failure leaves them unset."""
+    try:
+        records = cached_worker_envs(dht, max_age_s)
+    except Exception as exc:  # noqa: BLE001 - the DHT can fail: status still answers
+        log.warning("reading the workers' environment records failed: %r", exc)
+        return
+    found = serving(spec, records)
+    st.serving_workers, st.unserved_reason = found.workers, found.reason
 
 
 def holder_versions(dht: hivemind.DHT, job_id: str) -> dict[str, int]:

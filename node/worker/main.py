@@ -31,11 +31,12 @@ from swarmrl.node.models import (
 from swarmrl.node.runtime import start_role, write_ready
 from swarmrl.node.swarm.datasets import DatasetFetchStats, DatasetStore, DatasetUnavailable
 from swarmrl.node.swarm.dht import VerifiedRecord, find_jobs
+from swarmrl.node.swarm.env_records import EnvAnnouncer, env_infos, package_mismatch
 from swarmrl.node.swarm.gossip import GossipNode, UpdateCache
 from swarmrl.node.worker.red_team import RedTeam
 from swarmrl.node.worker.session import AdapterBehind, JobSession
 from swarmrl.node.worker.stats import retired, worker_metrics
-from swarmrl.protocol.envs import get_environment
+from swarmrl.protocol.envs import get_environment, installed_environments
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
 
@@ -59,7 +60,7 @@ def servable(records: list[VerifiedRecord], shas: set[str]) -> list[VerifiedReco
 def cannot_run(spec: JobSpec, environments: list[str]) -> str:
     """Why this worker must skip a job's task ("" when it can run it): a data-set job runs only
     built-in rewards; an installed environment must be listed in the worker's config and
-    installed at the job's version."""
+    installed at the job's version (and package hash, when the job pins one)."""
     if spec.dataset is not None:
         return ""
     if spec.environment not in environments:
@@ -68,7 +69,7 @@ def cannot_run(spec: JobSpec, environments: list[str]) -> str:
         get_environment(spec.environment, spec.env_version)
     except Exception as exc:  # noqa: BLE001 - a missing or broken package: skip the job, say why
         return str(exc)
-    return ""
+    return package_mismatch(spec, installed_environments())
 
 
 def by_job(records: list[VerifiedRecord]) -> dict[str, list[VerifiedRecord]]:
@@ -106,6 +107,8 @@ class Worker:
         self.red_team = RedTeam(cfg.red_team) if cfg.red_team else None   # adversarial drill (local only)
         self.retired: dict[str, SimpleNamespace] = {}   # job id -> what the metrics keep of a finished session
         self.ops_urls: dict[str, str] = {}   # {"metrics": URL} once the metrics server runs
+        self.announcer = (EnvAnnouncer(dht, identity, env_infos(cfg.environments), list(self.backends))
+                          if dht is not None else None)   # what this worker serves, in the DHT
 
     def session(self, rec: VerifiedRecord) -> JobSession:
         """The session of the record's job, opened on first use (a LoRA slot on the backend of the
@@ -215,6 +218,8 @@ class Worker:
                         session.prefetch(head)
                 if self.gossip is not None:
                     self.gossip.refresh()
+                if self.announcer is not None:
+                    self.announcer.refresh()
             except Exception as exc:  # noqa: BLE001 - a peer, trainer or the DHT failed: the next poll retries
                 log.warning("prefetch failed: %r", exc)
 
@@ -255,6 +260,8 @@ def run(cfg: WorkerConfig) -> None:
     ops = start_metrics(cfg.metrics_host, cfg.metrics_port, lambda: worker_metrics(worker))
     worker.ops_urls = metrics_urls(ops)
     write_ready(cfg.ready_file, worker.report())
+    if worker.announcer is not None:
+        worker.announcer.refresh(force=True)
     log.info("worker %s serving %s", identity.peer_id, worker.model_name)
     done = threading.Event()
     prefetcher = threading.Thread(target=worker.prefetch_loop, args=(done,), name="prefetch", daemon=True)

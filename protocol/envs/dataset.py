@@ -11,6 +11,9 @@ held-out prompt. Train rows are ordered by that hash; train index i is train row
 held-out index HELDOUT_START + k is held-out row k mod n_heldout. Prompts stay functions of
 (seed, index), so validators recompute them.
 
+Rewards get the answer field (`answer`) and the row fields they name in `*_field` parameters
+(`row`, e.g. countdown's numbers; an empty one names the prompt field).
+
 Rendering: `PromptSpec.text` is the plain prompt (system prompt, few-shot blocks
 `template(q) + " " + a + "\\n"`, then `template(prompt)`); `PromptSpec.messages` holds the same
 content as chat turns, which workers render with the tokenizer's chat template when
@@ -30,6 +33,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from swarmrl.protocol.envs.base import HELDOUT_START, Environment, PromptSpec, check_seed_index
 from swarmrl.protocol.envs.rewards import BoundReward, build_reward, weighted_range
 
+FIELD_PARAMS = {"countdown": "numbers_field"}
+"""Rewards whose row-field parameter defaults to the task's prompt field."""
 MAX_DATASET_BYTES = 32 << 20
 """Largest data-set file a job may carry (it travels inside the signed job to the trainer)."""
 DATASET_CHUNK_BYTES = 1 << 20
@@ -83,6 +88,26 @@ class DatasetTask(_Frozen):
     chat_template: bool = False
     heldout_fraction: float = Field(0.1, gt=0.0, lt=1.0)
     rewards: tuple[RewardSpec, ...] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_fields(cls, data: Any) -> Any:
+        """A reward's `*_field` parameter left empty names the prompt field (countdown's numbers),
+        written into the spec so every grader reads the same field."""
+        if not isinstance(data, dict) or not isinstance(data.get("rewards"), (list, tuple)):
+            return data
+        rewards = []
+        for r in data["rewards"]:
+            spec = r.model_dump() if isinstance(r, RewardSpec) else r
+            if isinstance(spec, dict) and spec.get("name") in FIELD_PARAMS and not spec.get(FIELD_PARAMS[spec["name"]]):
+                spec = {**spec, FIELD_PARAMS[spec["name"]]: data.get("prompt_field", "")}
+            rewards.append(spec)
+        return {**data, "rewards": rewards}
+
+    @property
+    def row_fields(self) -> tuple[str, ...]:
+        """The row fields rewards read besides the answer (their `*_field` parameters), sorted."""
+        return tuple(sorted({str(v) for r in self.rewards for k, v in r.params.items() if k.endswith("_field") and v}))
 
     @field_validator("dataset_chunks")
     @classmethod
@@ -225,7 +250,7 @@ class DatasetEnv(Environment):
             raise DatasetError(f"{task.dataset}: bytes do not match the job's sha256 {task.dataset_sha256[:12]}")
         self.task, self.seed = task, seed
         rows = parse_rows(data, task.dataset_format, task.dataset)
-        check_fields(rows, [task.prompt_field, task.answer_field], task.dataset)
+        check_fields(rows, [task.prompt_field, task.answer_field, *task.row_fields], task.dataset)
         self.rows = rows
         self.train_rows, self.heldout_rows = split_rows(rows, task.prompt_field, seed, task.heldout_fraction)
         if not self.train_rows or not self.heldout_rows:
@@ -275,4 +300,7 @@ def render_row(task: DatasetTask, row: dict[str, Any], index: int) -> PromptSpec
     for s in task.few_shot:
         messages += [("user", task.prompt_template.format(prompt=s.prompt)), ("assistant", s.answer)]
     messages.append(("user", question))
-    return PromptSpec(index=index, text=text, info={"answer": str(row[task.answer_field])}, messages=tuple(messages))
+    info: dict[str, Any] = {"answer": str(row[task.answer_field])}
+    if task.row_fields:   # the fields rewards read (e.g. countdown's numbers), as text
+        info["row"] = {f: str(row[f]) for f in task.row_fields}
+    return PromptSpec(index=index, text=text, info=info, messages=tuple(messages))

@@ -15,15 +15,23 @@ bad parameter, a regex that does not compile, a JSON schema that is not one) and
 | `regex_format` | pattern (required), fullmatch (false), ignore_case (false) | 1.0 when the pattern matches (`re.search`, or `re.fullmatch`) |
 | `json_schema` | schema (required, a JSON-schema object) | 1.0 when the completion (code fences stripped) is JSON valid under the schema |
 | `length_penalty` | max_chars (required, >= 1) | 0.0 up to max_chars, then -(len - max_chars) / max_chars, floored at -1.0 |
+| `countdown` | numbers_field (default: the task's prompt field) | 1.0 when the first line is an expression of exactly the row's numbers equal to the answer |
+
+Rewards that read a row field name it in a parameter ending in `_field`; a data-set task passes
+those fields of each row as the `row` kwarg (`{field: text}`, one dict per completion).
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import operator
 import re
 import string
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|-?\.\d+")
@@ -172,6 +180,117 @@ def length_penalty_reward(prompts: list[str], completions: list[str], max_chars:
     return [-min(1.0, max(0, len(c) - max_chars) / max_chars) for c in completions]
 
 
+_PLAIN_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_ROW_NUMBERS = re.compile(r"[\s,]+")
+_OPS: dict[type[ast.operator], Callable[[Fraction, Fraction], Fraction]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+MAX_EXPRESSION_CHARS = 256
+COUNTDOWN_TOLERANCE = 1e-6
+
+
+def parse_row_numbers(text: str) -> list[Fraction]:
+    """The numbers of a Countdown row, separated by spaces and/or commas ("4 4 6 8", "4, 4, 6, 8").
+
+    Raises:
+        ValueError: no numbers, or a token that is not a plain non-negative number.
+    """
+    tokens = [t for t in _ROW_NUMBERS.split(str(text).strip()) if t]
+    if not tokens or any(not _PLAIN_NUMBER.fullmatch(t) for t in tokens):
+        raise ValueError(f"not a list of numbers: {text!r}")
+    return [Fraction(t) for t in tokens]
+
+
+def arithmetic_expression(text: str) -> tuple[list[Fraction], ast.expr]:
+    """(the numbers written, the parsed tree) of an expression of plain numbers, + - * / and
+    parentheses (unary minus allowed); parsed with `ast`, never evaluated as Python.
+
+    Raises:
+        ValueError: empty, longer than MAX_EXPRESSION_CHARS, not Python syntax, or any other
+            element (names, calls, powers, hex or scientific literals, ...).
+    """
+    if not text or len(text) > MAX_EXPRESSION_CHARS:
+        raise ValueError("empty or too long")
+    try:
+        tree = ast.parse(text, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        raise ValueError(f"not an expression: {exc}") from None
+    numbers: list[Fraction] = []
+    for node in ast.walk(tree):
+        why = _disallowed(node, text)
+        if why:
+            raise ValueError(why)
+        if isinstance(node, ast.Constant):
+            numbers.append(Fraction(ast.get_source_segment(text, node) or ""))
+    return numbers, tree
+
+
+def _disallowed(node: ast.AST, text: str) -> str:
+    """Why `node` may not appear in a Countdown expression ("" when it may)."""
+    if isinstance(node, ast.Constant):
+        source = ast.get_source_segment(text, node) or ""
+        ok = not isinstance(node.value, bool) and _PLAIN_NUMBER.fullmatch(source)
+        return "" if ok else f"not a plain number: {source!r}"
+    if isinstance(node, ast.BinOp):
+        return "" if type(node.op) in _OPS else f"operator {type(node.op).__name__} not allowed"
+    if isinstance(node, ast.UnaryOp):
+        return "" if isinstance(node.op, ast.USub) else f"operator {type(node.op).__name__} not allowed"
+    return "" if isinstance(node, ast.operator | ast.unaryop) else f"{type(node).__name__} not allowed"
+
+
+def evaluate_arithmetic(tree: ast.expr) -> Fraction:
+    """The exact value of a tree `arithmetic_expression` accepted (raises ZeroDivisionError)."""
+    if isinstance(tree, ast.Constant):
+        return Fraction(str(tree.value))
+    if isinstance(tree, ast.UnaryOp):
+        return -evaluate_arithmetic(tree.operand)
+    assert isinstance(tree, ast.BinOp)
+    return _OPS[type(tree.op)](evaluate_arithmetic(tree.left), evaluate_arithmetic(tree.right))
+
+
+def countdown_score(completion: str, numbers: Sequence[Fraction], target: float) -> float:
+    """1.0 when the completion's first line is an expression using exactly `numbers` (as a
+    multiset) whose value is within COUNTDOWN_TOLERANCE of `target`; 0.0 otherwise (unparsable,
+    other numbers, division by zero, another value)."""
+    stripped = completion.strip()
+    line = stripped.splitlines()[0].strip() if stripped else ""
+    try:
+        used, tree = arithmetic_expression(line)
+        if Counter(used) != Counter(numbers):
+            return 0.0
+        value = evaluate_arithmetic(tree)
+    except (ValueError, ZeroDivisionError, RecursionError):
+        return 0.0
+    return 1.0 if abs(float(value) - target) <= COUNTDOWN_TOLERANCE else 0.0
+
+
+def countdown_reward(prompts: list[str], completions: list[str], answer: Sequence[Any] | None = None,
+                     row: Sequence[dict[str, Any]] | None = None, numbers_field: str = "",
+                     **kwargs: Any) -> list[float | None]:
+    """TinyZero's Countdown / Game of 24 reward (`countdown_score` per completion): the numbers
+    come from the row field `numbers_field`, the target is the reference answer. A row whose
+    numbers or answer do not parse leaves its completions unscored (None).
+
+    Raises:
+        ValueError: no `numbers_field` or no `row` fields (a data-set task passes both).
+    """
+    if not numbers_field or row is None:
+        raise ValueError("countdown needs numbers_field and the row's fields (a data-set task passes them)")
+    out: list[float | None] = []
+    for completion, gold, fields in zip(completions, _answers(completions, answer), row, strict=True):
+        try:
+            numbers, target = parse_row_numbers(fields[numbers_field]), float(gold)
+        except (KeyError, ValueError):
+            out.append(None)
+            continue
+        out.append(countdown_score(completion, numbers, target))
+    return out
+
+
+def _check_countdown(p: dict[str, Any]) -> None:
+    if not isinstance(p["numbers_field"], str):
+        raise RewardConfigError(f"countdown: numbers_field must be a field name, got {p['numbers_field']!r}")
+
+
 def _check_regex(p: dict[str, Any]) -> None:
     if not isinstance(p["pattern"], str) or not p["pattern"]:
         raise RewardConfigError("regex_format: pattern must be a non-empty string")
@@ -218,6 +337,9 @@ REWARDS: dict[str, RewardKind] = {
                               "the completion is JSON valid under a schema", _check_schema),
     "length_penalty": RewardKind(length_penalty_reward, {"max_chars": ...}, (-1.0, 0.0),
                                  "penalty for characters past max_chars", _check_length),
+    "countdown": RewardKind(countdown_reward, {"numbers_field": ""}, (0.0, 1.0),
+                            "Countdown / Game of 24: an expression of exactly the row's numbers equal to the answer",
+                            _check_countdown),
 }
 
 

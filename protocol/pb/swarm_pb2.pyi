@@ -719,6 +719,77 @@ class DeltaHolder(_message.Message):
 Global___DeltaHolder: _TypeAlias = DeltaHolder  # noqa: Y015
 
 @_typing.final
+class EnvInfo(_message.Message):
+    """One installed environment a worker runs, as `swarmrl env list` shows it."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    PACKAGE_FIELD_NUMBER: _builtins.int
+    PACKAGE_SHA256_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    version: _builtins.str
+    package: _builtins.str
+    """the distribution that provides it ("" for a built-in)"""
+    package_sha256: _builtins.str
+    """hex sha256 over the distribution's RECORD ("" for a built-in)"""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        version: _builtins.str = ...,
+        package: _builtins.str = ...,
+        package_sha256: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "package", b"package", "package_sha256", b"package_sha256", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EnvInfo: _TypeAlias = EnvInfo  # noqa: Y015
+
+@_typing.final
+class WorkerEnvs(_message.Message):
+    """Signed by a worker (domain "worker-envs"); stored in the DHT under "swarmrl/v1/workers/envs",
+    subkey = worker_id, with an expiry: the environments and base models it serves.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    WORKER_ID_FIELD_NUMBER: _builtins.int
+    ENVIRONMENTS_FIELD_NUMBER: _builtins.int
+    BASE_MODEL_SHA256_FIELD_NUMBER: _builtins.int
+    UPDATED_MS_FIELD_NUMBER: _builtins.int
+    worker_id: _builtins.str
+    """Ed25519 peer id of the worker (= the signer)"""
+    updated_ms: _builtins.int
+    @_builtins.property
+    def environments(self) -> _containers.RepeatedCompositeFieldContainer[Global___EnvInfo]:
+        """installed and listed in its config"""
+
+    @_builtins.property
+    def base_model_sha256(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """hex sha256 of the weights it holds"""
+
+    def __init__(
+        self,
+        *,
+        worker_id: _builtins.str = ...,
+        environments: _abc.Iterable[Global___EnvInfo] | None = ...,
+        base_model_sha256: _abc.Iterable[_builtins.str] | None = ...,
+        updated_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_model_sha256", b"base_model_sha256", "environments", b"environments", "updated_ms", b"updated_ms", "worker_id", b"worker_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WorkerEnvs: _TypeAlias = WorkerEnvs  # noqa: Y015
+
+@_typing.final
 class UpdateRequest(_message.Message):
     """Asked over the libp2p protocol "swarmrl.v1.FetchUpdate"; answered with a stream of AdapterChunk."""
 
@@ -1061,6 +1132,8 @@ class JobStatus(_message.Message):
     GROUPS_ON_PROBATION_FIELD_NUMBER: _builtins.int
     RECENT_VERDICTS_FIELD_NUMBER: _builtins.int
     HOLDER_VERSIONS_FIELD_NUMBER: _builtins.int
+    SERVING_WORKERS_FIELD_NUMBER: _builtins.int
+    UNSERVED_REASON_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     state: _builtins.str
     """"running" | "done" | "unknown" """
@@ -1090,6 +1163,10 @@ class JobStatus(_message.Message):
     """admitted groups dropped because their peer was banned"""
     groups_on_probation: _builtins.int
     """pending groups held until their peer's first passing verdict"""
+    serving_workers: _builtins.int
+    """workers announcing this job's environment and base model (unset: no DHT here)"""
+    unserved_reason: _builtins.str
+    """why no announcing worker can serve the job ("" when one can)"""
     @_builtins.property
     def groups_rejected(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """by reason"""
@@ -1148,12 +1225,16 @@ class JobStatus(_message.Message):
         groups_on_probation: _builtins.int = ...,
         recent_verdicts: _abc.Iterable[Global___VerdictRecord] | None = ...,
         holder_versions: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        serving_workers: _builtins.int | None = ...,
+        unserved_reason: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers", "serving_workers", b"serving_workers"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter_bytes", b"adapter_bytes", "adapter_hash", b"adapter_hash", "averaging_excluded", b"averaging_excluded", "averaging_rounds", b"averaging_rounds", "averaging_solo", b"averaging_solo", "cotrainers", b"cotrainers", "delta_bytes", b"delta_bytes", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_dropped_banned", b"groups_dropped_banned", "groups_on_probation", b"groups_on_probation", "groups_rejected", b"groups_rejected", "history", b"history", "holder_versions", b"holder_versions", "job_id", b"job_id", "peers", b"peers", "policy_version", b"policy_version", "recent_verdicts", b"recent_verdicts", "spec_json", b"spec_json", "state", b"state", "state_syncs", b"state_syncs", "step", b"step", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "upload_bytes", b"upload_bytes", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers", "adapter_bytes", b"adapter_bytes", "adapter_hash", b"adapter_hash", "averaging_excluded", b"averaging_excluded", "averaging_rounds", b"averaging_rounds", "averaging_solo", b"averaging_solo", "cotrainers", b"cotrainers", "delta_bytes", b"delta_bytes", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_dropped_banned", b"groups_dropped_banned", "groups_on_probation", b"groups_on_probation", "groups_rejected", b"groups_rejected", "history", b"history", "holder_versions", b"holder_versions", "job_id", b"job_id", "peers", b"peers", "policy_version", b"policy_version", "recent_verdicts", b"recent_verdicts", "serving_workers", b"serving_workers", "spec_json", b"spec_json", "state", b"state", "state_syncs", b"state_syncs", "step", b"step", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "unserved_reason", b"unserved_reason", "upload_bytes", b"upload_bytes", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__serving_workers: _TypeAlias = _typing.Literal["serving_workers"]  # noqa: Y015
+    _WhichOneofArgType__serving_workers: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__serving_workers) -> _WhichOneofReturnType__serving_workers | None: ...
 
 Global___JobStatus: _TypeAlias = JobStatus  # noqa: Y015
 

@@ -34,6 +34,7 @@ def test_up_trains_a_jsonl_job_and_eval_scores_it(tmp_path: Path, model_cache: P
     assert summary["environment"].startswith("dataset:") and summary["steps"] == STEPS
     assert summary["final_version"] >= 1 and summary["groups_admitted"] > 0 and not summary["groups_rejected"]
     assert summary["adapter_hash_agreement"]
+    assert summary["serving_workers"] == 2   # both workers announced themselves in the DHT (env_records)
     for w in ("worker0", "worker1"):
         ready = json.loads((run / "run" / f"{w}.ready").read_text())
         assert not ready["skipped_jobs"] and not ready["dataset_refused"]

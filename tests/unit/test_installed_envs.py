@@ -90,3 +90,21 @@ def test_worker_skips_jobs_whose_environment_it_does_not_run(model_cache: Path) 
     assert "not in this worker's environments" in cannot_run(spec, [])
     other = spec.model_copy(update={"environment": "nope"})
     assert "not installed here" in cannot_run(other, ["nope"])
+
+
+def test_submit_pins_the_package_hash_and_workers_with_another_refuse(toy_installed: Path, model_cache: Path,
+                                                                     tmp_path: Path) -> None:
+    from swarmrl.node.tasks import load_job_file
+    from swarmrl.node.worker.main import cannot_run
+
+    job = tmp_path / "toy.toml"
+    job.write_text('base_model = "tiny"\nenvironment = "vf_toy"\nenv_version = "0.3"\nsteps = 2\n')
+    spec = load_job_file(job, model_cache).spec
+    installed = {e.name: e for e in installed_environments()}["vf_toy"]
+    assert spec.env_package_sha256 == installed.package_sha256 and len(spec.env_package_sha256) == 64
+    assert cannot_run(spec, ["vf_toy"]) == ""
+    other = spec.model_copy(update={"env_package_sha256": "cd" * 32})
+    assert "the job pins package sha cdcdcdcdcdcd…, installed here: " in cannot_run(other, ["vf_toy"])
+    builtin = tmp_path / "arith.toml"
+    builtin.write_text('base_model = "tiny"\nenvironment = "arithmetic"\nsteps = 2\n')
+    assert load_job_file(builtin, model_cache).spec.env_package_sha256 == ""   # built-ins: pinned by version

@@ -86,7 +86,8 @@ def test_bound_reward_is_picklable_and_named() -> None:
 def test_weighted_range() -> None:
     assert weighted_range(["math_verify", "regex_format"], [1.0, 0.1]) == (0.0, 1.1)
     assert weighted_range(["length_penalty"], [0.5]) == (-0.5, 0.0)
-    assert set(REWARDS) == {"math_verify", "exact_match", "numeric", "regex_format", "json_schema", "length_penalty"}
+    assert set(REWARDS) == {"math_verify", "exact_match", "numeric", "regex_format", "json_schema", "length_penalty",
+                            "countdown"}
 
 
 def test_grading_pool_runs_builtin_rewards_in_a_subprocess() -> None:
@@ -97,3 +98,60 @@ def test_grading_pool_runs_builtin_rewards_in_a_subprocess() -> None:
         grades = pool.grade(["q", "q"], ["5", "five"], [{"answer": "5"}, {"answer": "5"}])
     assert pool.reward_names == ("exact_match", "regex_format")
     assert [g.reward for g in grades] == [pytest.approx(1.1), 0.0]
+
+
+COUNTDOWN_CASES = [   # (row numbers, completion, target, reward): checked by hand
+    ("4 4 6 8", "(4 + 8) * (6 - 4)", "24", 1.0),           # 12 * 2
+    ("4 4 6 8", " (4+8)*(6-4)\nbecause 12*2=24", "24", 1.0),  # first line only, spaces stripped
+    ("4, 4, 6, 8", "(8 - 4) * 4 + 6 + 2", "24", 0.0),       # 2 is not in the row
+    ("4 4 6 8", "24", "24", 0.0),                          # the value alone: no numbers used
+    ("4 4 6 8", "4*6", "24", 0.0),                         # right value, two numbers unused
+    ("4 4 6 8", "(8 - 4) * 6 * 4 / 4", "24", 0.0),         # 4 used three times
+    ("4 4 6 8", "6 * 8 / (4 - 4)", "24", 0.0),             # division by zero
+    ("1 2 3 4", "1 * 2 * 3 * 4", "24", 1.0),
+    ("1 5 5 5", "5 * (5 - 1 / 5)", "24", 1.0),             # 5 * 24/5: exact with fractions
+    ("3 3 8 8", "8 / (3 - 8 / 3)", "24", 1.0),             # 8 / (1/3)
+    ("4 4 6 8", "(4 + 8) * (6 - 4) = 24", "24", 0.0),      # not an expression alone
+    ("4 4 6 8", "__import__('os').getcwd()", "24", 0.0),    # never evaluated: a call is refused
+    ("4 4 6 8", "(4 + 8) ** 1 * (6 - 4)", "24", 0.0),      # ** is not allowed
+    ("4 4 6 8", "0x4 * 6 + 8 - 8", "24", 0.0),             # only plain decimal numbers
+    ("4 4 6 8", "-4 + 4 + 6 * 8 / 2", "24", 0.0),          # 2 is not in the row
+    ("1 4 6 8", "-(4 - 8) * 6 * 1", "24", 1.0),            # unary minus: 4 * 6 * 1
+    ("2 4 6 8", "2 * 4 + 6 + 8", "24", 0.0),               # = 22
+    ("2 3 8 9", "9 * 8 / 3 - 2 + 2", "24", 0.0),           # 2 used twice, 3 numbers from the row
+    ("2 3 8 9", "(9 - 3) * 8 / 2", "24", 1.0),
+    ("4 4 6 8", "", "24", 0.0),                            # empty
+    ("4 4 6 8", "(4 + 8) * (6 - 4", "24", 0.0),            # unbalanced
+    ("10 2.5", "10 * 2.5", "25", 1.0),                      # decimals in the row and the expression
+]
+
+
+@pytest.mark.parametrize(("numbers", "completion", "target", "want"), COUNTDOWN_CASES)
+def test_countdown_table(numbers: str, completion: str, target: str, want: float) -> None:
+    f = build_reward("countdown", {"numbers_field": "nums"})
+    assert f(P, [completion], answer=[target], row=[{"nums": numbers}]) == [want]
+
+
+def test_countdown_unparsable_row_is_unscored_and_missing_fields_raise() -> None:
+    f = build_reward("countdown", {"numbers_field": "nums"})
+    assert f(P * 2, ["1+2", "1+2"], answer=["3", "x"], row=[{"nums": "1 two"}, {"nums": "1 2"}]) == [None, None]
+    with pytest.raises(ValueError, match="countdown needs numbers_field"):
+        build_reward("countdown", {})(P, ["1"], answer=["1"], row=[{"nums": "1"}])
+    with pytest.raises(RewardConfigError, match="numbers_field must be a field name"):
+        build_reward("countdown", {"numbers_field": 3})
+
+
+def test_countdown_job_reads_the_prompt_field_by_default() -> None:
+    import json
+
+    from swarmrl.protocol.envs.dataset import DatasetEnv, DatasetTask, chunk_hashes, sha256_hex
+
+    data = "".join(json.dumps({"puzzle": f"{a} {a} {a} {a}", "target": "24"}) + "\n" for a in range(1, 21)).encode()
+    task = DatasetTask(dataset="p.jsonl", dataset_sha256=sha256_hex(data), dataset_size=len(data),
+                       dataset_chunks=chunk_hashes(data), prompt_field="puzzle", answer_field="target",
+                       rewards=[{"name": "countdown"}])
+    assert task.rewards[0].params == {"numbers_field": "puzzle"} and task.row_fields == ("puzzle",)
+    env = DatasetEnv(task, data, seed=0)
+    spec = next(env.prompt(0, i) for i in range(40) if env.prompt(0, i).info["row"]["puzzle"] == "6 6 6 6")
+    assert spec.info == {"answer": "24", "row": {"puzzle": "6 6 6 6"}}
+    assert env.rewards([spec, spec], ["6 + 6 + 6 + 6", "24"]) == [[1.0], [0.0]]
