@@ -280,15 +280,22 @@ class DatasetEnv(Environment):
 
 def split_rows(rows: Sequence[dict[str, Any]], prompt_field: str, seed: int,
                heldout_fraction: float) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(train, held-out): a row is held out when sha256(seed, prompt) < fraction; each side is
-    ordered by that hash (ties by file order)."""
+    """(train, held-out): a row is held out when sha256(seed, prompt) < fraction, so every copy
+    of a prompt lands on the same side. Each side is ordered by sha256(seed, prompt, k), k the
+    row's occurrence of its prompt so far: copies of a prompt are spread through the order
+    instead of adjacent (leases take consecutive indices, so adjacent copies would put one
+    problem in several groups of a step)."""
     keyed = []
-    for i, row in enumerate(rows):
-        digest = hashlib.sha256(f"swarmrl-dataset-split:{seed}:{row[prompt_field]}".encode()).digest()
-        keyed.append((int.from_bytes(digest[:8], "big"), i, row))
-    keyed.sort(key=lambda k: (k[0], k[1]))
+    seen: dict[str, int] = {}
     cut = heldout_fraction * 2**64
-    return [r for h, _, r in keyed if h >= cut], [r for h, _, r in keyed if h < cut]
+    for i, row in enumerate(rows):
+        prompt = str(row[prompt_field])
+        side = hashlib.sha256(f"swarmrl-dataset-split:{seed}:{prompt}".encode()).digest()
+        k = seen[prompt] = seen.get(prompt, -1) + 1
+        order = hashlib.sha256(f"swarmrl-dataset-order:{seed}:{k}:{prompt}".encode()).digest()
+        keyed.append((int.from_bytes(side[:8], "big") < cut, int.from_bytes(order[:8], "big"), i, row))
+    keyed.sort(key=lambda x: (x[1], x[2]))
+    return [r for held, _, _, r in keyed if not held], [r for held, _, _, r in keyed if held]
 
 
 def render_row(task: DatasetTask, row: dict[str, Any], index: int) -> PromptSpec:

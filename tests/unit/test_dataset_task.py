@@ -4,6 +4,7 @@ addressing and chunk-by-chunk transfer (a tampered chunk is refused)."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from pathlib import Path
 
@@ -144,6 +145,15 @@ def test_seed_split_is_deterministic_disjoint_and_seed_dependent() -> None:
     assert a.prompt(0, HELDOUT_START).text in held_a
     with pytest.raises(ValueError, match="split with seed 0"):
         a.prompt(1, 0)
+
+
+def test_copies_of_a_prompt_share_a_side_and_are_spread_through_its_order() -> None:
+    rows = [r for r in ROWS[:8] for _ in range(5)]   # each prompt 5 times, copies adjacent in the file
+    train, held = split_rows(rows, "question", 0, 0.25)
+    assert len(train) + len(held) == 40 and not {r["question"] for r in train} & {r["question"] for r in held}
+    adjacent = sum(a["question"] == b["question"] for side in (train, held) for a, b in itertools.pairwise(side))
+    assert adjacent < 10   # 32 of 38 neighbour pairs were copies when the order was the side's hash
+    assert split_rows(rows, "question", 0, 0.25) == (train, held)
 
 
 def test_rendering_plain_and_chat_turns() -> None:
