@@ -14,7 +14,11 @@ died asks another trainer once it has moved (`reconnect_s` later).
 
 Granularity: a version's spread over all live workers is computed when it is published, in order
 of the workers' decision times (a heap, retries included) with a heap of pending announcements
-(no SimPy event per fetch). A holder that left is skipped, as a failed dial would be.
+(no SimPy event per fetch). A holder that left is skipped, as a failed dial would be. A worker
+still failing GIVE_UP_S after the version was published stops there; its next lease catches it up
+afresh (worker.py). The bound keeps one version's retries from booking uplinks far ahead of the
+clock: an uplink keeps one `busy_until`, so a reservation made for a later time stands ahead of
+requests made afterwards for an earlier one.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ _PICK_TRIES = 6
 PEER_FETCH_TIMEOUT_S = 30.0      # node/swarm/gossip.py: GossipNode.fetch(timeout_s=30.0)
 TRAINER_FETCH_TIMEOUT_S = 120.0  # node/worker/session.py: stub.FetchAdapter(req, timeout=120)
 MAX_TRIES = 1000                 # a bound on fetch attempts per worker and version (the product retries for ever)
+GIVE_UP_S = 600.0                # a catch-up still failing this long after it began is left to the worker's next lease
 
 TrainerSource = Callable[[Worker, float], tuple[Uplink, float]]
 """(uplink, gone_s) of the trainer a worker asks at a time (s): gone_s is when that trainer dies."""
@@ -139,7 +144,7 @@ class DeltaSpread:
         failed: set[str] = set()
         at = start
         for _ in range(MAX_TRIES):
-            if at >= w.leaves_s:
+            if at >= min(w.leaves_s, start + GIVE_UP_S):
                 break
             src = self._pick(found, w, at, failed)
             got = self._fetch(w, src, size, at)
@@ -231,6 +236,7 @@ class _Round:
 
     def __init__(self, spread: DeltaSpread, version: int, starts: list[tuple[float, Worker]]) -> None:
         self.s, self.version = spread, version
+        self.give_up_s = spread.published[version] + GIVE_UP_S
         self.found = spread.holders[version]
         self.got = spread.held[version]
         self.heap: list[tuple[float, int, int, Any]] = []
@@ -269,7 +275,7 @@ class _Round:
     def _decide(self, w: Worker, at: float, tries: int) -> None:
         """`w` looks for a source at `at` (s): after a failed peer fetch, the next holder of the
         records it read before (CatchUp does not re-read them), else it waits once, else the trainer."""
-        if at >= w.leaves_s or tries >= MAX_TRIES:
+        if at >= min(w.leaves_s, self.give_up_s) or tries >= MAX_TRIES:
             return
         looked = self.looked.setdefault(w.idx, at)
         src = self.s._pick(self.found, w, looked, self.failed.get(w.idx, ()))

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol.leases import BUSY_RETRY_MS
+from swarmrl.simulations.gossip import GIVE_UP_S
 from swarmrl.simulations.network import send_s
 from swarmrl.simulations.population import Worker
 
@@ -59,8 +60,8 @@ def worker_life(world: World, w: Worker) -> Generator[simpy.Event, Any, None]:
         if math.isinf(ready):   # AdapterBehind: no source served it; catch up afresh, retry the lease
             world.metrics.count("adapter_behind")
             ready = world.gossip.join(w, env.now)
-            if math.isinf(ready):
-                yield env.timeout(JOB_POLL_S)
+            if math.isinf(ready):   # that catch-up failed for GIVE_UP_S too: the next lease after it
+                yield env.timeout(min(GIVE_UP_S, max(JOB_POLL_S, w.leaves_s - env.now)))
                 continue
         start = max(env.now + 2 * send_s(w.region, tr.uplink.region, w.uplink.up_bps, 200), ready)
         end = start + gen_s + send_s(w.region, tr.uplink.region, w.uplink.up_bps, rollout_bytes)

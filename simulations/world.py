@@ -159,7 +159,7 @@ class World:
 
     def _wake_waiters(self) -> None:
         for t in self.trainers:
-            if self.waiting[t.rank] and t.alive:
+            if self.waiting[t.rank] and t.alive and self.sc.job.backlog_counts_open:
                 t.expire(int(self.env.now * 1000))   # an expired lease frees a slot under the open-lease rule
             if self.waiting[t.rank] and (not t.alive or self.done or not t.busy()):
                 ev, self.slot_freed[t.rank] = self.slot_freed[t.rank], self.env.event()
