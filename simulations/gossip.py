@@ -6,25 +6,44 @@ worker notices a new version at its next sync poll and asks the announced holder
 waiting a random share of `peer_wait_s` for one to appear before it asks the trainer. Peers behind
 NAT accept no inbound stream, so they never announce and are never a source.
 
+Fetches fail as the product's do (network.fetch): a peer fetch after PEER_FETCH_TIMEOUT_S or when
+the holder leaves mid-transfer, and the worker asks the next holder it has not failed with (else
+waits for one, else the trainer); a trainer fetch after TRAINER_FETCH_TIMEOUT_S or when the trainer
+is gone, and the worker tries again, peers first, at its next sync poll. A worker whose trainer
+died asks another trainer once it has moved (`reconnect_s` later).
+
 Granularity: a version's spread over all live workers is computed when it is published, in order
-of the workers' decision times with a heap of pending announcements (no SimPy event per fetch).
-A holder that left is skipped, as a failed dial would be.
+of the workers' decision times (a heap, retries included) with a heap of pending announcements
+(no SimPy event per fetch). A holder that left is skipped, as a failed dial would be. A worker
+still failing GIVE_UP_S after the version was published stops there; its next lease catches it up
+afresh (worker.py). The bound keeps one version's retries from booking uplinks far ahead of the
+clock: an uplink keeps one `busy_until`, so a reservation made for a later time stands ahead of
+requests made afterwards for an earlier one.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
+from typing import Any
 
 from swarmrl.protocol import delta_sources
-from swarmrl.simulations.network import Uplink, transfer_end
+from swarmrl.simulations.network import Fetch, Uplink, fetch
 from swarmrl.simulations.population import Worker
 from swarmrl.simulations.scenario import Gossip
 
 _PICK_TRIES = 6
+PEER_FETCH_TIMEOUT_S = 30.0      # node/swarm/gossip.py: GossipNode.fetch(timeout_s=30.0)
+TRAINER_FETCH_TIMEOUT_S = 120.0  # node/worker/session.py: stub.FetchAdapter(req, timeout=120)
+MAX_TRIES = 1000                 # a bound on fetch attempts per worker and version (the product retries for ever)
+GIVE_UP_S = 600.0                # a catch-up still failing this long after it began is left to the worker's next lease
+
+TrainerSource = Callable[[Worker, float], tuple[Uplink, float]]
+"""(uplink, gone_s) of the trainer a worker asks at a time (s): gone_s is when that trainer dies."""
 
 
 @dataclass(frozen=True)
@@ -47,16 +66,18 @@ class VersionSpread:
     reach_s: dict[str, float] = field(default_factory=dict)   # "50"/"95"/"99" -> seconds after publish
     trainer_bytes: int = 0
     peer_bytes: int = 0
+    failed_peer_fetches: int = 0
+    failed_trainer_fetches: int = 0
 
 
 class DeltaSpread:
     """Per-version holders and the time each worker holds each version."""
 
     def __init__(self, cfg: Gossip, delta_bytes: int, snapshot_bytes: int, announce_s: float, seed: int,
-                 trainer_uplink: Callable[[Worker], Uplink], signer: str = "trainer") -> None:
+                 trainer_source: TrainerSource, signer: str = "trainer") -> None:
         self.cfg, self.delta_bytes, self.snapshot_bytes, self.announce_s = cfg, delta_bytes, snapshot_bytes, announce_s
         self.rng = random.Random(f"gossip/{seed}")
-        self.trainer_uplink, self.signer = trainer_uplink, signer
+        self.trainer_source, self.signer = trainer_source, signer
         self.held: dict[int, dict[int, float]] = {0: {}}    # version -> worker idx -> when held
         self.holders: dict[int, list[SimHolder]] = {0: []}  # version -> reachable holders (delta or snapshot)
         self.snapshots: dict[int, list[SimHolder]] = {}      # version -> reachable snapshot holders
@@ -65,6 +86,8 @@ class DeltaSpread:
         self.spreads: list[VersionSpread] = []
         self.trainer_bytes = 0
         self.peer_bytes = 0
+        self.failed = {"peer": 0, "trainer": 0}              # failed fetches (timed out or sender gone)
+        self.queue_s_max = {"peer": 0.0, "trainer": 0.0}     # longest uplink backlog a fetch left behind (s)
         self._served = 0                                     # trainer fetches of the version being spread
         self.sources_chosen: list[Worker] = []               # peers ever chosen as a source (tests read it)
 
@@ -77,29 +100,60 @@ class DeltaSpread:
         return got.get(w.idx, math.inf)
 
     # ---- sources
-    def _pick(self, found: list[SimHolder], me: Worker, at: float) -> Worker | None:
-        """The first of delta_sources.ask_order over the live, announced candidates. Past 64
-        records: a few uniform draws instead (the same distribution as the first of a shuffle,
-        without shuffling thousands of records per fetch)."""
+    def _pick(self, found: list[SimHolder], me: Worker, at: float, failed: Container[str] = ()) -> Worker | None:
+        """The first of delta_sources.ask_order over the live, announced candidates (not the
+        holders `me` already failed with for this update: `failed`, peer ids). Past 64 records: a
+        few uniform draws instead (the same distribution as the first of a shuffle, without
+        shuffling thousands of records per fetch)."""
         if len(found) <= 64:
             live = [h for h in found if h.since <= at and h.worker.alive and h.worker.leaves_s > at]
-            cands = delta_sources.candidates(live, me=me.peer_id, dropped=(), signers={self.signer})
+            cands = delta_sources.candidates(live, me=me.peer_id, dropped=failed, signers={self.signer})
             return delta_sources.ask_order(cands, self.rng)[0].worker if cands else None
         for _ in range(_PICK_TRIES):
             h = found[self.rng.randrange(len(found))]
-            if h.holder_id != me.peer_id and h.worker.alive and h.since <= at and h.worker.leaves_s > at:
+            if (h.holder_id != me.peer_id and h.holder_id not in failed and h.worker.alive and h.since <= at
+                    and h.worker.leaves_s > at):
                 return h.worker
         return None
 
-    def _fetch(self, w: Worker, src: Worker | None, size: int, start: float) -> float:
-        up = src.uplink if src is not None else self.trainer_uplink(w)
-        end = transfer_end(up, w.region, w.down_bps, size, start)
+    def _fetch(self, w: Worker, src: Worker | None, size: int, start: float) -> Fetch:
+        """One fetch of `size` bytes by `w` from peer `src` (None: its trainer) asked at `start` (s)."""
         if src is None:
-            self.trainer_bytes += size
+            up, gone = self.trainer_source(w, start)
+            got = fetch(up, gone, w.region, w.down_bps, size, start, TRAINER_FETCH_TIMEOUT_S)
+            self.trainer_bytes += got.sent_bytes
         else:
-            self.peer_bytes += size
+            up = src.uplink
+            got = fetch(up, src.leaves_s, w.region, w.down_bps, size, start, PEER_FETCH_TIMEOUT_S)
+            self.peer_bytes += got.sent_bytes
             self.sources_chosen.append(src)
-        return end
+        kind = "trainer" if src is None else "peer"
+        self.queue_s_max[kind] = max(self.queue_s_max[kind], up.busy_until - start)
+        if not got.ok:
+            self.failed[kind] += 1
+        return got
+
+    def _retry_at(self, src: Worker | None, got: Fetch) -> float:
+        """When a worker tries again after a failed fetch: at once after a peer (the next holder),
+        at its next sync poll after the trainer (prefetch_loop: sync_poll_s x U(0.5, 1.5))."""
+        return got.end_s if src is not None else got.end_s + self.cfg.sync_poll_s * self.rng.uniform(0.5, 1.5)
+
+    def _get(self, w: Worker, found: list[SimHolder], size: int, start: float) -> tuple[float, Worker | None]:
+        """Fetch an update the `found` holders announce, retrying as the product does; returns
+        (when `w` holds it, the peer that served it or None) (inf: never, within MAX_TRIES)."""
+        failed: set[str] = set()
+        at = start
+        for _ in range(MAX_TRIES):
+            if at >= min(w.leaves_s, start + GIVE_UP_S):
+                break
+            src = self._pick(found, w, at, failed)
+            got = self._fetch(w, src, size, at)
+            if got.ok:
+                return got.end_s, src
+            if src is not None:
+                failed.add(src.peer_id)
+            at = self._retry_at(src, got)
+        return math.inf, None
 
     def _hold(self, w: Worker, version: int, at: float) -> None:
         self.held.setdefault(version, {})[w.idx] = at
@@ -112,71 +166,45 @@ class DeltaSpread:
         """Catch a new worker up to the current version; returns when it holds it."""
         want = self.version
         assert delta_sources.needs_snapshot(-1, want, self.cfg.max_gap)
-        t, snap_v, src = now, want, None
+        snap_v = want
         for v in range(want, max(-1, want - self.cfg.max_gap - 1), -1):   # the newest within max_gap
-            src = self._pick(self.snapshots.get(v, []), w, now)
-            if src is not None:
+            if self._pick(self.snapshots.get(v, []), w, now) is not None:
                 snap_v = v
                 break
-        t = self._fetch(w, src, self.snapshot_bytes, t)
+        t, _ = self._get(w, self.snapshots.get(snap_v, []), self.snapshot_bytes, now)
+        if math.isinf(t):
+            return t
         w.snapshot_version = snap_v
         self._hold(w, snap_v, t)
         if w.reachable and t < w.leaves_s:
             self.snapshots.setdefault(snap_v, []).append(SimHolder(w.peer_id, self.signer, w, t + self.announce_s))
         for v in range(snap_v + 1, want + 1):
-            src = self._pick(self.holders.get(v, []), w, t)
-            t = self._fetch(w, src, self.delta_bytes, t)
+            t, _ = self._get(w, self.holders.get(v, []), self.delta_bytes, t)
+            if math.isinf(t):
+                return t
             self._hold(w, v, t)
         return t
 
     # ---- a version is published: every live worker fetches it
     def publish(self, version: int, now: float, live: list[Worker]) -> VersionSpread:
-        """Spread `version` (published at `now`) over the `live` workers; returns its figures."""
+        """Spread `version` (published at `now`, s) over the `live` workers; returns its figures."""
         self.version, self.published[version] = version, now
-        self.held.setdefault(version, {})
+        got = self.held.setdefault(version, {})
         self.holders.setdefault(version, [])
-        tb, pb_ = self.trainer_bytes, self.peer_bytes
+        tb, pb_, fp, ft = self.trainer_bytes, self.peer_bytes, self.failed["peer"], self.failed["trainer"]
         prev = self.held.get(version - 1, {})
         self._served = 0
         poll = self.cfg.sync_poll_s * 1.5
-        decisions = sorted((max(prev.get(w.idx, now), now + self.rng.uniform(0, poll)), w.idx, w)
-                           for w in live if w.idx in prev)
-        pending: list[tuple[float, int, SimHolder]] = []
-        found: list[SimHolder] = self.holders[version]
-        for at, _, w in decisions:
-            at, src = self._decide(w, at, pending, found)
-            end = self._fetch(w, src, self.delta_bytes, at)
-            self.held[version][w.idx] = end
-            if w.reachable and end < w.leaves_s:
-                heapq.heappush(pending, (end + self.announce_s, w.idx, SimHolder(w.peer_id, self.signer, w,
-                                                                                  end + self.announce_s)))
-        found.extend(h for _, _, h in sorted(pending))
-        spread = VersionSpread(version, now, len(decisions), trainer_bytes=self.trainer_bytes - tb,
-                               peer_bytes=self.peer_bytes - pb_)
-        spread.reach_s = _reach([self.held[version][w.idx] - now for _, _, w in decisions if
-                                 self.held[version][w.idx] < w.leaves_s], len(decisions))
+        fetchers = [w for w in live if w.idx in prev]
+        _Round(self, version, [(max(prev[w.idx], now + self.rng.uniform(0, poll)), w) for w in fetchers]).run()
+        spread = VersionSpread(version, now, len(fetchers), trainer_bytes=self.trainer_bytes - tb,
+                               peer_bytes=self.peer_bytes - pb_, failed_peer_fetches=self.failed["peer"] - fp,
+                               failed_trainer_fetches=self.failed["trainer"] - ft)
+        spread.reach_s = _reach([got[w.idx] - now for w in fetchers if got.get(w.idx, math.inf) < w.leaves_s],
+                                len(fetchers))
         self.spreads.append(spread)
         self._forget(version)
         return spread
-
-    def _decide(self, w: Worker, at: float, pending: list[tuple[float, int, SimHolder]], found: list[SimHolder]) -> tuple[float, Worker | None]:
-        """When `w` starts its fetch and from whom: an announced holder now, else the first one to
-        announce within its random wait, else the trainer when the wait ends."""
-        while pending and pending[0][0] <= at:
-            found.append(heapq.heappop(pending)[2])
-        src = self._pick(found, w, at)
-        if src is not None:
-            return at, src
-        deadline = at + delta_sources.holder_wait_s(self.cfg.peer_wait_s, self.rng)
-        if self.cfg.trainer_fanout and self._served >= self.cfg.trainer_fanout and pending:
-            deadline = math.inf   # what-if: the trainer refuses; wait for the next peer to announce
-        while pending and pending[0][0] <= deadline:
-            h = heapq.heappop(pending)[2]
-            found.append(h)
-            if h.worker.alive and h.worker.leaves_s > h.since:
-                return max(at, h.since), h.worker
-        self._served += 1
-        return max(at, deadline if math.isfinite(deadline) else at), None
 
     def _forget(self, version: int) -> None:
         old = version - self.cfg.max_gap - 2
@@ -194,3 +222,114 @@ def _reach(delays: list[float], live: int) -> dict[str, float]:
         k = math.ceil(q / 100 * live) - 1
         out[str(q)] = delays[k] if 0 <= k < len(delays) else math.inf
     return out
+
+
+_ANNOUNCE, _DECIDE, _DEADLINE = 0, 1, 2   # event kinds; at one instant an announcement comes first
+
+
+class _Round:
+    """One version's spread as events on a heap: a worker decides (an announced holder, else wait
+    a random share of peer_wait_s, else the trainer), a holder announces (every waiting worker,
+    polling the DHT, sees it and asks it at once, as CatchUp._wait_for_holder does), a wait ends
+    (the trainer). A failed peer fetch: the next holder not failed with; a failed trainer fetch:
+    a new catch-up at the next sync poll (peers first, wait again)."""
+
+    def __init__(self, spread: DeltaSpread, version: int, starts: list[tuple[float, Worker]]) -> None:
+        self.s, self.version = spread, version
+        self.give_up_s = spread.published[version] + GIVE_UP_S
+        self.found = spread.holders[version]
+        self.got = spread.held[version]
+        self.heap: list[tuple[float, int, int, Any]] = []
+        self.seq = itertools.count()
+        self.waiting: dict[int, tuple[Worker, int]] = {}   # worker idx -> (worker, tries) waiting for a holder
+        self.waited: set[int] = set()                      # waited once in the current catch-up
+        self.failed: dict[int, set[str]] = {}               # worker idx -> holders it failed with
+        self.looked: dict[int, float] = {}                  # worker idx -> when it last read the holder records
+        self.announcing = 0                                 # announcements still on the heap
+        for at, w in starts:
+            self._push(at, _DECIDE, (w, 0))
+
+    def _push(self, at: float, kind: int, item: Any) -> None:
+        heapq.heappush(self.heap, (at, kind, next(self.seq), item))
+
+    def run(self) -> None:
+        """Process every event until each live worker holds the version or gave up."""
+        at = self.s.published[self.version]
+        while self.heap or self.waiting:
+            if not self.heap:   # what-if fan-out: no peer left to wait for; the trainer serves them
+                left, self.waiting = list(self.waiting.values()), {}
+                for w, tries in left:
+                    if at < w.leaves_s:
+                        self._fetch(w, None, at, tries)
+                continue
+            at, kind, _, item = heapq.heappop(self.heap)
+            if kind == _ANNOUNCE:
+                self.announcing -= 1
+                self.found.append(item)
+                self._wake(at)
+            elif kind == _DECIDE:
+                self._decide(item[0], at, item[1])
+            else:
+                self._deadline(item, at)
+
+    def _decide(self, w: Worker, at: float, tries: int) -> None:
+        """`w` looks for a source at `at` (s): after a failed peer fetch, the next holder of the
+        records it read before (CatchUp does not re-read them), else it waits once, else the trainer."""
+        if at >= min(w.leaves_s, self.give_up_s) or tries >= MAX_TRIES:
+            return
+        looked = self.looked.setdefault(w.idx, at)
+        src = self.s._pick(self.found, w, looked, self.failed.get(w.idx, ()))
+        if src is not None:
+            self._fetch(w, src, at, tries)
+        elif w.idx not in self.waited:
+            self.waited.add(w.idx)
+            self.waiting[w.idx] = (w, tries)
+            self._push(at + delta_sources.holder_wait_s(self.s.cfg.peer_wait_s, self.s.rng), _DEADLINE, w)
+        else:
+            self._fetch(w, None, at, tries)
+
+    def _wake(self, at: float) -> None:
+        """A holder announced: the waiting workers that can use it ask a holder now."""
+        if self.s.cfg.wait_whole:
+            return   # what-if: a waiting worker reads the records only when its wait ends
+        for idx, (w, tries) in list(self.waiting.items()):
+            if at >= w.leaves_s:
+                del self.waiting[idx]
+                continue
+            src = self.s._pick(self.found, w, at, self.failed.get(idx, ()))
+            if src is not None:
+                del self.waiting[idx]
+                self.looked[idx] = at
+                self._fetch(w, src, at, tries)
+
+    def _deadline(self, w: Worker, at: float) -> None:
+        """`w`'s wait for a holder ended: ask the trainer (unless the fan-out what-if refuses)."""
+        if w.idx not in self.waiting:
+            return
+        fanout = self.s.cfg.trainer_fanout
+        if fanout and self.s._served >= fanout and self.announcing > 0:
+            return   # what-if: the trainer refuses; wait for the next peer to announce
+        _, tries = self.waiting.pop(w.idx)
+        if at >= w.leaves_s:
+            return
+        src = self.s._pick(self.found, w, at, self.failed.get(w.idx, ())) if self.s.cfg.wait_whole else None
+        self.looked[w.idx] = at
+        self._fetch(w, src, at, tries)
+
+    def _fetch(self, w: Worker, src: Worker | None, at: float, tries: int) -> None:
+        got = self.s._fetch(w, src, self.s.delta_bytes, at)
+        if src is None:
+            self.s._served += 1
+        if got.ok:
+            self.got[w.idx] = got.end_s
+            if w.reachable and got.end_s < w.leaves_s:
+                since = got.end_s + self.s.announce_s
+                self.announcing += 1
+                self._push(since, _ANNOUNCE, SimHolder(w.peer_id, self.s.signer, w, since))
+        elif src is not None:
+            self.failed.setdefault(w.idx, set()).add(src.peer_id)
+            self._push(got.end_s, _DECIDE, (w, tries + 1))
+        else:   # a new catch-up at the next sync poll: fresh records, a new wait
+            self.waited.discard(w.idx)
+            self.looked.pop(w.idx, None)
+            self._push(self.s._retry_at(None, got), _DECIDE, (w, tries + 1))

@@ -77,8 +77,11 @@ def _q(xs: list[float], q: float) -> float | None:
 
 def summarize(m: Metrics, *, scenario: dict[str, Any], sim_s: float, wall_s: float, version: int, workers: list[Worker],
               spreads: list[VersionSpread], trainer_bytes: int, peer_bytes: int, trainers: int,
-              interrupted: bool, job_start_s: float) -> dict[str, Any]:
-    """The run's figures (summary.json)."""
+              interrupted: bool, job_start_s: float, fetches_failed: dict[str, int] | None = None,
+              uplink_queue_s_max: dict[str, float] | None = None) -> dict[str, Any]:
+    """The run's figures (summary.json). `fetches_failed`: adapter fetches that timed out or lost
+    their sender, by source ("peer", "trainer"); `uplink_queue_s_max`: the longest backlog (s) a
+    fetch left on a sender's uplink, by source."""
     generated = max(1, m.counts["groups_generated"])
     ingest = [m.ingest_by_s.get(s, 0) / trainers for s in range(int(sim_s))]
     last_step_s = m.steps[-1][0] if m.steps else None
@@ -98,13 +101,36 @@ def summarize(m: Metrics, *, scenario: dict[str, Any], sim_s: float, wall_s: flo
         "rejected": dict(sorted(m.rejected.items())),
         "propagation": _propagation(spreads),
         "bytes": _bytes(spreads, trainer_bytes, peer_bytes, version),
+        "fetches_failed": dict(fetches_failed or {}), "adapter_behind": m.counts["adapter_behind"],
+        "uplink_queue_s_max": {k: round(v, 1) for k, v in (uplink_queue_s_max or {}).items()},
         "cheaters": _cheaters(workers, m),
         "honest_banned": sum(1 for w in workers if not w.cheater and math.isfinite(w.banned_s)),
         "trainer_ingest_groups_per_s": {"mean": round(statistics.fmean(ingest), 3) if ingest else 0.0,
                                         "p99": _q(ingest, 0.99), "max": max(ingest, default=0)},
         "verdict_delay_s": {"p50": _q(m.verdict_delay_s, 0.5), "p95": _q(m.verdict_delay_s, 0.95)},
         "worker_busy_share": _busy(workers, sim_s),
+        "trainer_loss": _trainer_loss(m, spreads, scenario.get("trainers", {}).get("lost_at_s", -1.0), sim_s),
     }
+
+
+def _trainer_loss(m: Metrics, spreads: list[VersionSpread], lost_s: float, sim_s: float) -> dict[str, Any] | None:
+    """Before and after a trainer's loss at `lost_s` (s): versions and groups trained per hour,
+    reach-95% p50 (s) of the versions published in each part (None without a loss)."""
+    if lost_s < 0 or not 0 < lost_s < sim_s:
+        return None
+    out: dict[str, Any] = {"lost_at_s": lost_s}
+    for part, lo, hi in (("before", 0.0, lost_s), ("after", lost_s, sim_s)):
+        hours = (hi - lo) / 3600
+        steps = [(v, n) for t, v, n in m.steps if lo <= t < hi]
+        reach = [s.reach_s["95"] for s in spreads if lo <= s.published_s < hi and s.live]
+        out[part] = {"versions_per_hour": round(len(steps) / hours, 1),
+                     "groups_trained_per_hour": round(sum(n for _, n in steps) / hours),
+                     "reach_95_s_p50": _q(reach, 0.5),
+                     "trainer_upload_per_version": round(statistics.fmean(
+                         [s.trainer_bytes for s in spreads if lo <= s.published_s < hi] or [0])),
+                     "failed_fetches": sum(s.failed_peer_fetches + s.failed_trainer_fetches for s in spreads
+                                           if lo <= s.published_s < hi)}
+    return out
 
 
 def _propagation(spreads: list[VersionSpread]) -> dict[str, Any]:

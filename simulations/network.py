@@ -5,6 +5,11 @@ uplink for size / up_bps (after whatever it already promised), and the receiver'
 size / down_bps; the transfer ends when both are done, plus the latency of the request and the
 first byte. So a trainer serving a thousand workers at once delivers the last copy when its uplink
 has pushed a thousand copies, as a fair-share TCP link would, without one event per packet.
+
+A fetch fails, as the product's do, when it has not finished `timeout_s` after it was asked for
+(the gRPC deadline, the gossip fetch's `wait_for`) or when the sender goes away first (its
+session ends, the trainer dies). A failed fetch gives back the part of its reservation that was
+not sent yet, so a slow or departed sender's queue never holds more than one timeout of work.
 """
 
 from __future__ import annotations
@@ -31,12 +36,38 @@ class Uplink:
         self.sent_bytes += size
         return self.busy_until
 
+    def cancel(self, last_byte_s: float, at_s: float, size: int) -> int:
+        """Give back what a transfer of `size` bytes whose last byte was due at `last_byte_s` (s)
+        had not sent by `at_s` (s): later transfers move up. Returns the bytes it did send."""
+        unsent_s = min(size / self.up_bps, max(0.0, last_byte_s - at_s))
+        self.busy_until -= unsent_s
+        unsent = int(unsent_s * self.up_bps)
+        self.sent_bytes -= unsent
+        return size - unsent
 
-def transfer_end(src: Uplink, dst_region: str, dst_down_bps: float, size: int, start: float) -> float:
-    """When `size` bytes asked for at `start` have arrived from `src` (request + first byte + bytes)."""
+
+@dataclass(frozen=True)
+class Fetch:
+    """How a fetch ended: at `end_s` (s; delivered or failed), `ok`, and the bytes the sender sent."""
+
+    end_s: float
+    ok: bool
+    sent_bytes: int
+
+
+def fetch(src: Uplink, gone_s: float, dst_region: str, dst_down_bps: float, size: int, start: float,
+          timeout_s: float) -> Fetch:
+    """Ask `src` (whose owner goes away at `gone_s`, s) for `size` bytes at `start` (s), giving up
+    `timeout_s` (s) after asking. Asking a sender already gone fails after one round trip."""
     lat = one_way_s(src.region, dst_region)
-    sent = src.reserve(start + lat, size)
-    return max(start + 2 * lat + size / dst_down_bps, sent + lat)
+    if gone_s <= start:
+        return Fetch(start + 2 * lat, False, 0)
+    last_byte = src.reserve(start + lat, size)
+    end = max(start + 2 * lat + size / dst_down_bps, last_byte + lat)
+    fail = min(start + timeout_s, gone_s)
+    if end <= fail:
+        return Fetch(end, True, size)
+    return Fetch(fail, False, src.cancel(last_byte, fail - lat, size))
 
 
 def send_s(src_region: str, dst_region: str, up_bps: float, size: int) -> float:

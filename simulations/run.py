@@ -55,7 +55,8 @@ def simulate(sc: Scenario, out: Path | None, *, should_stop: Callable[[], bool] 
     summary = summarize(world.metrics, scenario=sc.model_dump(), sim_s=reached, wall_s=time.monotonic() - t0,
                         version=world.version, workers=world.workers, spreads=world.gossip.spreads,
                         trainer_bytes=world.gossip.trainer_bytes, peer_bytes=world.gossip.peer_bytes,
-                        trainers=sc.trainers.count, interrupted=interrupted, job_start_s=sc.job_start_s)
+                        trainers=sc.trainers.count, interrupted=interrupted, job_start_s=sc.job_start_s,
+                        fetches_failed=world.gossip.failed, uplink_queue_s_max=world.gossip.queue_s_max)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "scenario.json").write_text(sc.model_dump_json(indent=2) + "\n")

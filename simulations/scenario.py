@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from swarmrl.protocol.leases import BACKLOG_BATCHES
 from swarmrl.protocol.red_team_modes import MODES
 from swarmrl.simulations.profiles import GPU_CLASSES, MODEL_PROFILES
 from swarmrl.simulations.regions import REGIONS
@@ -34,6 +35,9 @@ class JobShape(Strict):
     max_async_level: int = Field(2, ge=0)
     lease_ttl_s: float = Field(120.0, gt=0)
     steps: int = Field(0, ge=0, description="0: train until the simulated time ends")
+    backlog_batches: int = Field(BACKLOG_BATCHES, ge=1, description="batches pending (and leased) before 'busy'")
+    backlog_counts_open: bool = Field(False, description="what-if: the backlog rule counts the prompts of "
+                                      "open leases (leases.backlog_full)")
 
     @model_validator(mode="after")
     def _known_model(self) -> JobShape:
@@ -112,6 +116,9 @@ class Gossip(Strict):
     sync_poll_s: float = Field(0.5, gt=0, description="worker config sync_poll_s (prefetch of a newer version)")
     trainer_fanout: int = Field(0, ge=0, description="what-if: the trainer serves each delta to at most this many "
                                 "workers, the others wait for a peer (0: unlimited, the product today)")
+    wait_whole: bool = Field(False, description="what-if: a worker waiting for a holder waits its whole random "
+                             "share of peer_wait_s, then asks a random holder of those announced (the product "
+                             "today stops at the first holder it sees, so the waiting workers all ask that one)")
 
 
 class Trainers(Strict):

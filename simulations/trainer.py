@@ -1,7 +1,7 @@
 """A trainer on the simulated clock: the real lease book and admission checks, a pending pool, bans.
 
 What runs for real: `protocol.leases.LeaseBook` (issue, expire, revoke, re-issue; times injected),
-the backlog rule (`BACKLOG_BATCHES`), `protocol.admission`'s batch and group checks on stand-in
+the backlog rule (`leases.backlog_full`), `protocol.admission`'s batch and group checks on stand-in
 protobufs, `verdicts.is_attributable` / `STRIKES_TO_BAN` for strikes, probation as the trainer's
 `trainable_cutoff` reads it, and the staleness window at admission and at the step. What is not:
 the ledger (a deque), signatures (a mode flag says a batch's signature is forged) and the model.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol import red_team_modes as modes
-from swarmrl.protocol.leases import BACKLOG_BATCHES, LeaseBook
+from swarmrl.protocol.leases import LeaseBook, backlog_full
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.verdicts import BAD_SIGNATURE_ON_OWN_LEASE, STRIKES_TO_BAN, is_attributable
 from swarmrl.simulations import cheaters as ch
@@ -65,12 +65,19 @@ class SimTrainer:
         if done:
             return "job_done", None
         self.expire(now)
-        if len(self.pending) >= BACKLOG_BATCHES * self.job.batch_groups:
+        if self.busy():
             return "busy", None
         lease = self.book.issue(w.peer_id, self.job.prompts_per_lease, version, self.sampling, now)
         self.issued.update(lease.prompt_indices)
         self.m.count("leases_issued")
         return "lease", lease
+
+    def busy(self) -> bool:
+        """The product's backlog rule (`leases.backlog_full`): pending groups plus, unless the
+        scenario's what-if says not to, the unanswered prompts of open leases."""
+        open_prompts = self.book.open_prompts() if self.job.backlog_counts_open else 0
+        return backlog_full(len(self.pending), self.job.batch_groups, open_prompts=open_prompts,
+                            batches=self.job.backlog_batches)
 
     def expire(self, now_ms: int) -> None:
         """Expire overdue leases at `now_ms` (ms), at most once per EXPIRE_EVERY_MS."""

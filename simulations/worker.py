@@ -9,11 +9,13 @@ and its prompts are handed out again.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol.leases import BUSY_RETRY_MS
+from swarmrl.simulations.gossip import GIVE_UP_S
 from swarmrl.simulations.network import send_s
 from swarmrl.simulations.population import Worker
 
@@ -55,6 +57,12 @@ def worker_life(world: World, w: Worker) -> Generator[simpy.Event, Any, None]:
         rollout_bytes = int(n * world.sc.job.group_size * world.profile.tokens_per_completion
                             * world.profile.rollout_bytes_per_token)
         ready = world.gossip.held_at(w, lease.policy_version)
+        if math.isinf(ready):   # AdapterBehind: no source served it; catch up afresh, retry the lease
+            world.metrics.count("adapter_behind")
+            ready = world.gossip.join(w, env.now)
+            if math.isinf(ready):   # that catch-up failed for GIVE_UP_S too: the next lease after it
+                yield env.timeout(min(GIVE_UP_S, max(JOB_POLL_S, w.leaves_s - env.now)))
+                continue
         start = max(env.now + 2 * send_s(w.region, tr.uplink.region, w.uplink.up_bps, 200), ready)
         end = start + gen_s + send_s(w.region, tr.uplink.region, w.uplink.up_bps, rollout_bytes)
         if end >= w.leaves_s:   # crashes mid-lease: the lease expires at the trainer

@@ -9,13 +9,13 @@ between them (Ctrl-C) and report how far it got.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Generator
 from typing import Any
 
 import simpy
 
-from swarmrl.protocol.leases import BACKLOG_BATCHES
 from swarmrl.simulations.gossip import DeltaSpread
 from swarmrl.simulations.metrics import Metrics
 from swarmrl.simulations.network import MBIT, Uplink
@@ -44,7 +44,7 @@ class World:
                                     self.metrics, sc.validation.probation_s if sc.validation.validators else 0.0)
                          for r in range(n)]
         self.gossip = DeltaSpread(sc.gossip, self.profile.delta_bytes, self.profile.snapshot_bytes,
-                                  sc.network.announce_s, sc.seed, lambda w: self.trainers[w.trainer].uplink)
+                                  sc.network.announce_s, sc.seed, self.trainer_source)
         self.validators = Validators(sc.validation, sc.seed, self.metrics, self.schedule, self.ban)
         self.version, self.done = 0, False
         self.workers: list[Worker] = []
@@ -72,6 +72,19 @@ class World:
         self.workers.append(w)
         self.env.process(worker_life(self, w))
         return w
+
+    def trainer_source(self, w: Worker, at_s: float) -> tuple[Uplink, float]:
+        """(uplink, gone_s) of the trainer `w` fetches adapters from at `at_s` (s): its own, or,
+        `reconnect_s` after its own died, another (drawn by worker index; the lease loop draws
+        its own). gone_s: when that trainer dies (inf: never)."""
+        lost, doomed = self.sc.trainers.lost_at_s, self.trainers[-1]
+        t = self.trainers[w.trainer]
+        if lost < 0 or t is not doomed:
+            return t.uplink, math.inf
+        if at_s < lost + self.sc.trainers.reconnect_s:
+            return t.uplink, lost
+        others = self.trainers[:-1]
+        return others[w.idx % len(others)].uplink, math.inf
 
     def reassign(self, w: Worker) -> None:
         """Point `w` at a uniformly drawn live trainer."""
@@ -146,13 +159,14 @@ class World:
 
     def _wake_waiters(self) -> None:
         for t in self.trainers:
-            if self.waiting[t.rank] and (not t.alive or self.done or
-                                         len(t.pending) < BACKLOG_BATCHES * self.sc.job.batch_groups):
+            if self.waiting[t.rank] and t.alive and self.sc.job.backlog_counts_open:
+                t.expire(int(self.env.now * 1000))   # an expired lease frees a slot under the open-lease rule
+            if self.waiting[t.rank] and (not t.alive or self.done or not t.busy()):
                 ev, self.slot_freed[t.rank] = self.slot_freed[t.rank], self.env.event()
                 ev.succeed()
 
     def _lose_trainer(self) -> None:
-        t = [t for t in self.trainers if t.alive][-1]
+        t = self.trainers[-1]   # trainer_source knows it is this one
         self.metrics.waste("trainer_lost", t.die())
         self._wake_waiters()
 

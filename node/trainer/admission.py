@@ -21,7 +21,7 @@ from swarmrl.node.trainer.ledger import Ledger
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol import signing
 from swarmrl.protocol.jobspec import JobSpec
-from swarmrl.protocol.leases import BACKLOG_BATCHES, BUSY_RETRY_MS, LeaseBook
+from swarmrl.protocol.leases import BUSY_RETRY_MS, LeaseBook, backlog_full
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.verdicts import BAD_SIGNATURE_ON_OWN_LEASE, BAN_MS, BANNING_CHECKS, is_attributable
 
@@ -86,7 +86,7 @@ class Admission:
             if self.done():
                 return pb.LeaseReply(reason="job_done")
             self._expire_leases(now)
-            if self.ledger.count_pending(self.job_id) >= BACKLOG_BATCHES * self.spec.batch_groups:
+            if backlog_full(self.ledger.count_pending(self.job_id), self.spec.batch_groups):
                 # Backpressure: more rollouts would only go stale before a step could use them.
                 return pb.LeaseReply(reason="busy", retry_after_ms=BUSY_RETRY_MS)
             n = max(1, min(req.max_prompts or self.spec.prompts_per_lease, self.spec.prompts_per_lease))

@@ -1,0 +1,137 @@
+"""The simulator's adapter fetches fail as the product's do (timeouts, departed senders) and the
+backlog rule it shares with the trainer counts open leases (protocol/leases.py)."""
+
+from __future__ import annotations
+
+import math
+
+from swarmrl.protocol.leases import LeaseBook, backlog_full
+from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.simulations.gossip import PEER_FETCH_TIMEOUT_S, DeltaSpread, SimHolder
+from swarmrl.simulations.metrics import Metrics
+from swarmrl.simulations.network import MBIT, Uplink, fetch
+from swarmrl.simulations.population import Worker
+from swarmrl.simulations.run import simulate
+from swarmrl.simulations.scenario import Gossip, JobShape, load_scenario
+from swarmrl.simulations.trainer import SimTrainer
+
+MB = 1_000_000
+
+
+def worker(idx: int, *, up_mbit: float = 20.0, leaves_s: float = math.inf, nat: bool = False) -> Worker:
+    return Worker(idx=idx, peer_id=f"p{idx}", gpu="rtx4090", tokens_per_s=2000.0, region="na",
+                  down_bps=1000 * MBIT, uplink=Uplink("na", up_mbit * MBIT), nat=nat, mode="honest",
+                  joined_s=0.0, leaves_s=leaves_s)
+
+
+# ---- network.fetch
+def test_a_sender_that_leaves_mid_transfer_fails_the_fetch_and_frees_its_uplink():
+    up = Uplink("na", 1 * MB)                       # 10 MB take 10 s
+    got = fetch(up, 4.0, "na", 1e9, 10 * MB, 0.0, timeout_s=30.0)
+    assert not got.ok and got.end_s == 4.0
+    assert 0 < got.sent_bytes < 10 * MB             # what left before it went counts, the rest not
+    assert up.busy_until < 4.1                      # the unsent part is given back
+
+
+def test_asking_a_sender_already_gone_fails_after_a_round_trip():
+    got = fetch(Uplink("na", 1 * MB), 1.0, "na", 1e9, MB, 5.0, timeout_s=30.0)
+    assert not got.ok and got.sent_bytes == 0 and math.isclose(got.end_s, 5.03)
+
+
+def test_a_saturated_uplink_queues_at_most_one_timeout_of_work():
+    """A thousand workers ask one 20 Mbit peer for a 12.7 MB delta at once: the first few get it
+    within the 30 s timeout, the rest fail at 30 s and their reservations are given back."""
+    up = Uplink("na", 20 * MBIT)
+    results = [fetch(up, math.inf, "na", 1e9, 12_700_000, 0.0, PEER_FETCH_TIMEOUT_S) for _ in range(1000)]
+    ok = [r for r in results if r.ok]
+    assert 1 <= len(ok) <= 6 and all(r.end_s <= PEER_FETCH_TIMEOUT_S for r in ok)
+    assert all(r.end_s == PEER_FETCH_TIMEOUT_S for r in results if not r.ok)
+    assert up.busy_until <= PEER_FETCH_TIMEOUT_S
+
+
+# ---- the gossip's retry: the next holder, then the trainer
+def spread(trainer: Uplink, cfg: Gossip | None = None) -> DeltaSpread:
+    return DeltaSpread(cfg or Gossip(), 12_700_000, 50_000_000, 1.0, 0, lambda w, at: (trainer, math.inf))
+
+
+def test_a_fetch_from_a_departed_holder_falls_back_to_the_trainer():
+    trainer = Uplink("na", 1000 * MBIT)
+    g = spread(trainer)
+    holder = worker(1, leaves_s=2.0)                # 12.7 MB at 20 Mbit take 5 s: it leaves after 2
+    me = worker(2)
+    held_s, src = g._get(me, [SimHolder(holder.peer_id, "trainer", holder, 0.0)], g.delta_bytes, 0.0)
+    assert src is None and math.isfinite(held_s) and held_s > 2.0
+    assert g.failed == {"peer": 1, "trainer": 0}
+    assert g.peer_bytes < g.delta_bytes and g.trainer_bytes == g.delta_bytes
+
+
+def test_a_trainer_that_is_gone_is_retried_at_the_next_sync_poll_until_another_serves():
+    """The worker's trainer dies at 10 s; it moves to another at 40 s (reconnect): the fetches in
+    between fail and the version arrives from the other trainer."""
+    dead, other = Uplink("na", 1000 * MBIT), Uplink("eu", 1000 * MBIT)
+    g = DeltaSpread(Gossip(peer_wait_s=0.0), 12_700_000, 50_000_000, 1.0, 0,
+                    lambda w, at: (dead, 10.0) if at < 40.0 else (other, math.inf))
+    held_s, src = g._get(worker(2), [], g.delta_bytes, 12.0)
+    assert src is None and 40.0 <= held_s < 42.0
+    assert g.failed["trainer"] >= 10 and other.sent_bytes == g.delta_bytes and dead.sent_bytes == 0
+
+
+def test_a_herd_on_the_first_holder_times_out_and_goes_to_the_trainer():
+    """peer_wait_s = 30: the waiting workers all see the first holder's record and ask it (as
+    CatchUp._wait_for_holder stops at the first record); those it can't serve within 30 s ask the
+    trainer, so every worker holds the version and none waits for ever."""
+    trainer = Uplink("na", 1000 * MBIT)
+    g = spread(trainer, Gossip(peer_wait_s=30.0))
+    g.held[0] = {i: 0.0 for i in range(200)}
+    live = [worker(i) for i in range(200)]
+    s = g.publish(1, 0.0, live)
+    assert len(g.held[1]) == 200 and s.failed_peer_fetches > 50
+    assert s.reach_s["99"] < 30 + PEER_FETCH_TIMEOUT_S + 10
+
+
+# ---- the trainer-loss scenario
+def test_trainer_loss_stays_bounded_and_reports_before_and_after():
+    sc = load_scenario(None, {"workers": 200, "hours": 0.25, "trainers": {"count": 2, "lost_at_s": 400,
+                                                                          "reconnect_s": 30}})
+    s = simulate(sc, None)
+    reach = s["propagation"]["reach_95_s"]
+    assert reach["never"] == 0 and reach["p95"] < 300          # no version takes longer than the run
+    assert s["fetches_failed"]["trainer"] > 0                  # fetches from the dead trainer failed
+    assert s["uplink_queue_s_max"]["peer"] <= 2 * PEER_FETCH_TIMEOUT_S
+    loss = s["trainer_loss"]
+    assert loss["lost_at_s"] == 400 and loss["after"]["versions_per_hour"] > 0
+
+
+# ---- the backlog rule counts open leases
+def test_open_prompts_follow_issue_answer_expire_revoke_and_restore():
+    book = LeaseBook("J", ttl_ms=100)
+    a = book.issue("w1", 4, 0, pb.SamplingParams(), now_ms=0)
+    b = book.issue("w2", 3, 0, pb.SamplingParams(), now_ms=50)
+    assert book.open_prompts() == 7
+    book.record_answers(a.lease_id, [0, 1])
+    book.record_answers(a.lease_id, [1])                       # answered twice counts once
+    assert book.open_prompts() == 5
+    book.revoke([b.lease_id])
+    assert book.open_prompts() == 2
+    book.record_answers(b.lease_id, [4])                       # an answer to a closed lease changes nothing
+    assert book.open_prompts() == 2
+    assert book.expire(now_ms=101) == [a.lease_id] and book.open_prompts() == 0
+    c = book.issue("w3", 2, 0, pb.SamplingParams(), now_ms=200)
+    restored = LeaseBook("J", ttl_ms=100)
+    restored.restore([c], admitted={c.prompt_indices[0]})
+    assert restored.open_prompts() == 1
+
+
+def test_backlog_full_counts_pending_groups_and_open_prompts():
+    assert not backlog_full(100, 64)                           # 2 batches of 64 = 128
+    assert backlog_full(128, 64)                               # the trainer's rule: pending groups only
+    assert backlog_full(100, 64, open_prompts=28)              # the what-if: open leases count too
+    assert not backlog_full(64, 64, open_prompts=63, batches=2)
+
+
+def test_the_simulated_trainer_refuses_leases_once_open_ones_fill_the_backlog():
+    job = JobShape(batch_groups=8, prompts_per_lease=4, backlog_counts_open=True, backlog_batches=2)
+    t = SimTrainer(0, 1, job, Uplink("na", 1e9), Metrics(), 0.0)
+    got = [t.request_lease(worker(i), 0.0, 0, False)[0] for i in range(6)]
+    assert got == ["lease"] * 4 + ["busy"] * 2                 # 4 leases x 4 prompts = 2 batches of 8
+    assert t.pending == type(t.pending)()
