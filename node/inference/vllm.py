@@ -283,15 +283,19 @@ class VLLMBackend(InferenceBackend):
             model = self._require_slot(BASE_SLOT if adapter is None else adapter).current
             self._running[model] += 1
         try:
-            base_seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**31, ()).item())
-            futures = [self._pool.submit(self._request, model, ids, sampling, (base_seed + b * sampling.n) % 2**63)
-                       for b, ids in enumerate(prompt_token_ids)]
-            return [f.result() for f in futures]
+            return self._generate_on(model, prompt_token_ids, sampling)
         finally:
             with self._lock:
                 self._running[model] -= 1
                 if not self._running[model] and self._users.get(model) == set():   # evicted while running
                     self._release(model, "")
+
+    def _generate_on(self, model: str, prompt_token_ids: list[list[int]], sampling: Sampling) -> list[list[SampledCompletion]]:
+        """`generate` on the server's model or adapter `model` (its served name), no slot lookup."""
+        base_seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**31, ()).item())
+        futures = [self._pool.submit(self._request, model, ids, sampling, (base_seed + b * sampling.n) % 2**63)
+                   for b, ids in enumerate(prompt_token_ids)]
+        return [f.result() for f in futures]
 
     def _request(self, model: str, prompt: list[int], sampling: Sampling, seed: int) -> list[SampledCompletion]:
         body = {
