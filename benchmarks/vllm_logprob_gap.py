@@ -27,7 +27,13 @@ from swarmrl.node.inference.hf import HFBackend
 from swarmrl.node.inference.scoring import shared_prompt_logprobs
 from swarmrl.node.inference.vllm import start_vllm_backend
 from swarmrl.node.jobs import builtin_job
-from swarmrl.node.models import encode_prompt, load_causal_lm, lora_config, prepare_base_model, resolve_model_name
+from swarmrl.node.models import (
+    encode_prompt,
+    load_causal_lm,
+    lora_config,
+    prepare_base_model,
+    resolve_model_name,
+)
 from swarmrl.protocol.envs import get_environment
 from swarmrl.validator.checks import LogprobTolerance, check_logprobs, logprob_gaps
 

@@ -176,6 +176,6 @@ class InferenceBackend(ABC):
         block. Raises KeyError on an unknown adapter.
         """
 
-    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+    def close(self) -> None:
         """Free what the backend holds outside this process (e.g. a vLLM server it started).
         The default does nothing; calling it twice is harmless."""

@@ -404,7 +404,7 @@ def _shape(config: peft.LoraConfig) -> tuple[Any, ...]:
 
 def _resolved_targets(meta_model: nn.Module, config: peft.LoraConfig) -> set[str]:
     wrapped = with_lora(cast(Any, copy.deepcopy(meta_model)), copy.deepcopy(config), adapter_name="t")
-    return set(wrapped.peft_config["t"].target_modules)
+    return set(cast(peft.LoraConfig, wrapped.peft_config["t"]).target_modules or ())
 
 
 def _eos_ids(model_path: Path, tokenizer: Any) -> frozenset[int]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from swarmrl.node.procs import alive, descendants, die_with_parent, end_processes
+from swarmrl.node.procs import alive, descendants, end_processes
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +98,11 @@ class ServerSpec:
         return env
 
 
+# Run in the child before exec'ing vLLM: SIGTERM it when its parent dies (PR_SET_PDEATHSIG survives
+# exec), and exit at once if the parent already died. argv: parent pid, then the command line.
+_DIE_WITH_PARENT = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 15, 0, 0, 0); "
+                    "os.getppid() == int(sys.argv[1]) or sys.exit(1); os.execv(sys.argv[2], sys.argv[2:])")
+
 BASE_NAME = "swarmrl-base"   # the served name of the base model (never an adapter's name)
 
 
@@ -141,8 +146,9 @@ class VLLMServer:
         port = _free_port()
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as sink:
-            proc = subprocess.Popen(spec.argv(python, port), env=spec.env(), stdout=sink, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, process_group=0, preexec_fn=die_with_parent)
+            argv = [str(python), "-c", _DIE_WITH_PARENT, str(os.getpid()), *spec.argv(python, port)]
+            proc = subprocess.Popen(argv, env=spec.env(), stdout=sink, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, process_group=0)
         server = cls(f"http://127.0.0.1:{port}", proc, log_path)
         try:
             server.wait_healthy(timeout_s)

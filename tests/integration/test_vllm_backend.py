@@ -123,7 +123,7 @@ def test_two_jobs_at_once_each_on_its_own_adapter(vllm, hf, states) -> None:
 
 
 def test_versions_load_by_content_hash_new_before_old(vllm, states) -> None:
-    served = lambda: {m["id"] for m in vllm.server.get("/v1/models")["data"]}  # noqa: E731
+    served = lambda: {m["id"] for m in vllm.server.get("/v1/models")["data"]}
     v1 = vllm.loaded_versions("job-a")[-1]
     vllm.set_adapter("job-a", random_state(states["job-a"], 11))
     v2 = vllm.loaded_versions("job-a")[-1]
