@@ -16,7 +16,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from swarmrl.node.local import UpOptions, run_up
+from swarmrl.node.up import UpOptions, run_up
 
 
 def run_level(level: int, args: argparse.Namespace, root: Path) -> dict:

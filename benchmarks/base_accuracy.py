@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from swarmrl.node.models import encode_prompt, load_causal_lm, prepare_base_model, resolve_model_name
+from swarmrl.node.causal_lm import encode_prompt, load_causal_lm
+from swarmrl.node.models import prepare_base_model, resolve_model_name
 from swarmrl.protocol.envs import Environment, PromptSpec, get_environment, heldout_prompts
 
 

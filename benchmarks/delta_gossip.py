@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import zstandard
 
-from swarmrl.node.local import UpOptions, run_up
+from swarmrl.node.up import UpOptions, run_up
 
 
 def swarm_row(n: int, steps: int, root: Path, gossip: bool) -> dict:
@@ -81,8 +81,9 @@ def codec_sizes(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> d
 
 
 def gemma_deltas(steps: int, root: Path) -> None:
+    from swarmrl.node.causal_lm import encode_prompt
     from swarmrl.node.jobs import builtin_job
-    from swarmrl.node.models import encode_prompt, prepare_base_model
+    from swarmrl.node.models import prepare_base_model
     from swarmrl.node.swarm.figures import base_model_bytes
     from swarmrl.node.trainer.adapter_store import AdapterStore
     from swarmrl.node.trainer.learner import Learner

@@ -36,11 +36,12 @@ from pathlib import Path
 
 import torch
 
+from swarmrl.node.causal_lm import encode_prompt
 from swarmrl.node.grading import GradingPool
 from swarmrl.node.inference import build_backend
 from swarmrl.node.inference.base import Sampling
 from swarmrl.node.jobs import builtin_job
-from swarmrl.node.models import encode_prompt, prepare_base_model, resolve_model_name
+from swarmrl.node.models import prepare_base_model, resolve_model_name
 from swarmrl.protocol import signing
 from swarmrl.protocol.envs import get_environment
 from swarmrl.protocol.identity import Identity

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -22,8 +23,9 @@ from swarmrl.protocol.red_team_modes import MODES
 
 C = TypeVar("C", bound=BaseModel)
 
-# Mirrors of tables that live beside torch (node.models._ALIASES, node.worker.red_team.MODES), so a
+# Mirror of a table that lives beside torch (node.model_recipes.ALIASES), so a
 # bad name is refused without importing torch; tests/unit/test_cli_errors.py checks they agree.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 BASE_MODEL_NAMES = ("tiny", "google/gemma-3-270m", "gemma", "gemma-3-270m", "gemma3-270m")
 RED_TEAM_MODES = MODES   # protocol/red_team_modes.py (no torch)
 
@@ -33,10 +35,18 @@ class ConfigError(ValueError):
 
 
 def check_base_model_name(name: str) -> str:
-    """`name` if it names a known base model (or alias). Raises ValueError otherwise."""
-    if name.strip() not in BASE_MODEL_NAMES:
-        raise ValueError(f"unknown base model {name!r}; known: {', '.join(BASE_MODEL_NAMES)}")
-    return name
+    """`name` if it can name a base model: a built-in name or alias, an existing folder, or a
+    hub id (`ORG/NAME`, looked up in the local cache when the model is loaded). Syntax only: the
+    folder's files and the cache are checked by `node.models.find_base_model`.
+
+    Raises:
+        ValueError: none of those (the message lists the built-in names).
+    """
+    text = name.strip()
+    if text in BASE_MODEL_NAMES or Path(text).expanduser().is_dir() or _HUB_ID.fullmatch(text):
+        return name
+    raise ValueError(f"unknown base model {name!r}: not a built-in ({', '.join(BASE_MODEL_NAMES)}), "
+                     "not a model folder and not a hub id ORG/NAME")
 
 
 def check_red_team_mode(mode: str) -> str:
@@ -68,14 +78,22 @@ class NetConfig(_Config):
 
 
 class BootstrapConfig(_Config):
+    """`swarmrl bootstrap`: a DHT peer that others join through (it runs no role)."""
+
     net: NetConfig = NetConfig()
     ready_file: Path | None = None   # where to write {"maddrs": [...]} once listening
 
 
 class TrainerConfig(_Config):
+    """`swarmrl trainer`: hosts jobs (leases, admission, GRPO steps) and serves them over gRPC.
+
+    Sizes `*_mb` are MiB (2**20 bytes): a gRPC message, an admitted rollout batch; times `*_s` in seconds.
+    """
+
     key: Path = Path("keys/trainer.key")
     state_dir: Path = Path("state/trainer")
     cache_dir: Path | None = None        # base models (default: $SWARMRL_CACHE or ~/.cache/swarmrl)
+    base_models: list[str] = []          # model folders / hub ids to look in for a job's weights (by sha256)
     net: NetConfig = NetConfig()
     grpc_port: int = Field(0, ge=0, le=65535)
     threads: int = Field(1, ge=1)
@@ -104,10 +122,18 @@ class TrainerConfig(_Config):
 
 
 class WorkerConfig(_Config):
+    """`swarmrl worker`: leases prompts, generates, grades, signs and submits rollouts."""
+
     key: Path = Path("keys/worker.key")
     cache_dir: Path | None = None
     net: NetConfig = NetConfig()
     base_model: str = "tiny"             # the base model this worker serves
+    # several base models (names, folders or cached hub ids): leases only for jobs on these exact
+    # weights; empty = just base_model
+    base_models: list[str] = []
+    # installed environments (entry points, `swarmrl env list`) this worker runs; data-set jobs
+    # need none (they run only built-in rewards)
+    environments: list[str] = ["arithmetic"]
     backend: Literal["hf", "vllm"] = "hf"   # "hf" (transformers + peft) or "vllm"
     threads: int = Field(1, ge=1)
     max_prompts: int = Field(4, ge=1)    # prompts asked per lease
@@ -140,12 +166,15 @@ class WorkerConfig(_Config):
 
 
 class ValidatorConfig(_Config):
+    """`swarmrl validator`: re-checks a sample of admitted rollouts and reports verdicts."""
+
     key: Path = Path("keys/validator.key")
     state_dir: Path = Path("state/validator")
     cache_dir: Path | None = None
     net: NetConfig = NetConfig()
     threads: int = Field(1, ge=1)
     max_message_mb: int = Field(64, ge=1)
+    base_models: list[str] = []          # model folders / hub ids served (a job's own name is tried first)
     sample_rate: float = Field(0.25, ge=0.0, le=1.0)
     poll_s: float = Field(1.0, gt=0)
     grade_timeout_s: float = Field(10.0, gt=0)

@@ -14,13 +14,14 @@ from rich.console import Console
 from rich.table import Table
 from safetensors.torch import load_file
 
+from swarmrl.node.causal_lm import render_prompt
 from swarmrl.node.inference import build_backend
 from swarmrl.node.inference.base import InferenceBackend, Sampling
 from swarmrl.node.model_card import add_heldout
-from swarmrl.node.models import encode_prompt, prepare_base_model, resolve_model_name
-from swarmrl.protocol.envs import get_environment, heldout_prompts
+from swarmrl.node.models import find_base_model, is_builtin_model, resolve_model_name
+from swarmrl.protocol.envs import get_environment, heldout_prompts, job_environment
 from swarmrl.protocol.envs.base import Environment, PromptSpec
-from swarmrl.protocol.jobspec import LoraSpec
+from swarmrl.protocol.envs.dataset import DatasetEnv
 
 EVAL_ADAPTER = "heldout-eval"
 BATCH = 16
@@ -36,13 +37,15 @@ class EvalResult:
 
 
 def evaluate(backend: InferenceBackend, env: Environment, prompts: list[PromptSpec], adapter: str | None,
-             max_new_tokens: int) -> EvalResult:
-    """Greedy completions for `prompts`, graded in-process with the environment's functions."""
-    sampling = Sampling(n=1, max_new_tokens=max_new_tokens, temperature=0.0, stop=tuple(env.stop))
+             max_new_tokens: int, stop: tuple[str, ...] | None = None, chat_template: bool = False) -> EvalResult:
+    """Greedy completions for `prompts` (rendered as workers render them), graded in-process
+    with the environment's functions; accuracy is the share whose first reward is 1."""
+    sampling = Sampling(n=1, max_new_tokens=max_new_tokens, temperature=0.0,
+                        stop=tuple(env.stop) if stop is None else stop)
     texts: list[str] = []
     for i in range(0, len(prompts), BATCH):
         chunk = prompts[i:i + BATCH]
-        ids = [encode_prompt(backend.tokenizer, p.text) for p in chunk]
+        ids = [render_prompt(backend.tokenizer, p, chat_template) for p in chunk]
         texts += [c[0].text for c in backend.generate(ids, sampling, adapter=adapter)]
     rewards = env.rewards(prompts, texts)  # [prompt][reward function]
     correct = [r[0] == 1.0 for r in rewards]
@@ -51,30 +54,43 @@ def evaluate(backend: InferenceBackend, env: Environment, prompts: list[PromptSp
 
 
 def run_eval(adapter_dir: Path, *, model: str | None = None, n: int = 200, cache_dir: Path | None = None,
-             seed: int = 0, max_new_tokens: int = 8) -> tuple[EvalResult, EvalResult]:
-    """Print (and return) base vs adapter accuracy on `n` held-out arithmetic prompts."""
+             seed: int | None = None, max_new_tokens: int = 8, job_file: Path | None = None) -> tuple[EvalResult, EvalResult]:
+    """Print (and return) base vs adapter scores on `n` held-out prompts of the job file's task
+    (default: the built-in arithmetic task); a data set has as many held-out prompts as rows held out.
+    `seed` is the job's seed (default: the job file's, else 0): a data-set job's held-out rows
+    are a seed hash split, so score an adapter with the seed it was trained with."""
     import peft
 
     config = peft.LoraConfig.from_pretrained(str(adapter_dir))
-    name = resolve_model_name(model or config.base_model_name_or_path)
-    backend = build_backend("hf", prepare_base_model(name, cache_dir))
+    name = model or config.base_model_name_or_path
+    name = resolve_model_name(name) if is_builtin_model(name) else name
+    backend = build_backend("hf", find_base_model(name, cache_dir))
     state = {k: v.float() for k, v in load_file(str(adapter_dir / "adapter_model.safetensors")).items()}
-    targets = config.target_modules
-    backend.add_slot(EVAL_ADAPTER, LoraSpec(
-        rank=config.r, alpha=config.lora_alpha, dropout=config.lora_dropout,
-        target_modules=targets if isinstance(targets, str) else tuple(sorted(targets or ())),
-    ))
+    backend.add_slot(EVAL_ADAPTER, config)
     backend.set_adapter(EVAL_ADAPTER, state)
-    env = get_environment("arithmetic", "1")
+    stop, chat, title = None, False, "arithmetic"
+    if job_file is not None:
+        from swarmrl.node.tasks import load_job_file
+
+        loaded = load_job_file(job_file, cache_dir, None if seed is None else {"seed": seed}, base_model=name,
+                               tokenizer=backend.tokenizer)
+        spec = loaded.spec
+        env = job_environment(spec, loaded.dataset)
+        seed, max_new_tokens, stop, chat, title = (spec.seed, spec.sampling.max_new_tokens, tuple(spec.sampling.stop),
+                                                   spec.chat_template, spec.environment_id)
+        n = min(n, len(env.heldout_rows)) if isinstance(env, DatasetEnv) else n
+    else:
+        env, seed = get_environment("arithmetic", "1"), seed or 0
     prompts = heldout_prompts(env, n, seed)
-    base = evaluate(backend, env, prompts, None, max_new_tokens)
-    tuned = evaluate(backend, env, prompts, EVAL_ADAPTER, max_new_tokens)
-    table = Table(title=f"held-out arithmetic, greedy, n={n} ({name})")
+    base = evaluate(backend, env, prompts, None, max_new_tokens, stop, chat)
+    tuned = evaluate(backend, env, prompts, EVAL_ADAPTER, max_new_tokens, stop, chat)
+    table = Table(title=f"held-out {title}, greedy, n={n} ({name})")
     for col in ("model", "accuracy", "mean reward"):
         table.add_column(col)
     table.add_row("base", f"{base.accuracy:.3f}", f"{base.reward_mean:.3f}")
     table.add_row(f"base + adapter ({adapter_dir})", f"{tuned.accuracy:.3f}", f"{tuned.reward_mean:.3f}")
     Console().print(table)
-    print(json.dumps({"base_accuracy": base.accuracy, "adapter_accuracy": tuned.accuracy, "n": n}))
+    print(json.dumps({"base_accuracy": base.accuracy, "adapter_accuracy": tuned.accuracy,
+                      "base_reward": base.reward_mean, "adapter_reward": tuned.reward_mean, "n": n}))
     add_heldout(adapter_dir, base.accuracy, tuned.accuracy, n)   # into the adapter's model card
     return base, tuned

@@ -54,6 +54,8 @@ class GradingPool:
     timeout_s: wall-clock limit of one reward-function call on one chunk of the batch.
     processes: worker processes; with more than one, each call's batch is split into that many
         contiguous chunks (so a reward function sees a sub-batch) and calls run in parallel.
+    rewards: a data-set job's `[{name, weight, **params}]` built-in rewards, loaded instead of an
+        environment (env_name and env_version then only label the pool).
     env_factory: "module:attr" naming an environment object (or a zero-argument callable
         returning one) to load instead of the named one; for tests and local experiments.
     `failures` counts failures by kind: "timeout", "crash", "exception", "not_a_list",
@@ -70,6 +72,7 @@ class GradingPool:
         timeout_s: float = 10.0,
         processes: int = 1,
         env_factory: str | None = None,
+        rewards: list[dict[str, Any]] | None = None,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -77,7 +80,8 @@ class GradingPool:
             raise ValueError(f"processes must be >= 1, got {processes}")
         self.timeout_s = float(timeout_s)
         self.failures: Counter[str] = Counter()
-        self._spec = {"env_name": env_name, "env_version": env_version, "env_factory": env_factory}
+        self._spec = {"env_name": env_name, "env_version": env_version, "env_factory": env_factory,
+                      "rewards": rewards}
         self._workers: list[_Worker] = []
         self._finalizer = weakref.finalize(self, _close_all, self._workers)
         self._workers.append(_Worker.start(self._spec))
@@ -339,7 +343,8 @@ def _child_main(read_fd: int, write_fd: int) -> None:
 
     try:
         spec = json.loads(conn_in.recv_bytes())
-        env = _load_environment(spec["env_name"], spec["env_version"], spec["env_factory"])
+        env = (_BuiltinRewards(spec["rewards"]) if spec.get("rewards")
+               else _load_environment(spec["env_name"], spec["env_version"], spec["env_factory"]))
         funcs = list(env.reward_funcs)
         weights = list(env.reward_weights) if getattr(env, "reward_weights", None) is not None else [1.0] * len(funcs)
         names = [getattr(f, "__name__", f"reward_{i}") for i, f in enumerate(funcs)]
@@ -372,6 +377,18 @@ def _plain(v: Any) -> Any:
     if isinstance(v, numbers.Real):
         return float(v)
     return {"bad": f"{type(v).__name__} {v!r}"[:80]}
+
+
+class _BuiltinRewards:
+    """A data-set job's reward functions: built-in rewards named with their weights and
+    parameters (`protocol.envs.rewards`); no environment code is loaded."""
+
+    def __init__(self, rewards: list[dict[str, Any]]) -> None:
+        from swarmrl.protocol.envs.dataset import RewardSpec
+
+        specs = [RewardSpec.model_validate(r) for r in rewards]
+        self.reward_funcs = [r.build() for r in specs]
+        self.reward_weights = [float(r.weight) for r in specs]
 
 
 def _load_environment(name: str, version: str, factory: str | None) -> Any:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from swarmrl.node.models import GEMMA, TINY, base_model_sha256, prepare_base_model, resolve_model_name
+from swarmrl.node.model_recipes import GEMMA, TINY
+from swarmrl.node.models import base_model_sha256, find_base_model, is_builtin_model, resolve_model_name
 from swarmrl.protocol.jobspec import JobSpec
 
 # Per base model: chosen so a tiny run takes seconds per step and a Gemma run shows learning
@@ -27,14 +28,15 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 def builtin_job(model: str, cache_dir: Path | None = None, **overrides: Any) -> JobSpec:
-    """The built-in `arithmetic` job on `model` ("tiny" or Gemma), with field overrides.
+    """The built-in `arithmetic` job on `model` (a built-in name, a model folder or a cached hub
+    id; other models take Gemma's hyper-parameters), with field overrides.
 
-    The base model is prepared (cached) to pin its sha256 in the spec.
+    The base model is prepared (cached) or found to pin its sha256 in the spec.
     """
-    name = resolve_model_name(model)
-    path = prepare_base_model(name, cache_dir)
-    data = {**DEFAULTS[name], "base_model": name, "base_model_sha256": base_model_sha256(path),
-            "environment": "arithmetic", "env_version": "1"}
+    name = resolve_model_name(model) if is_builtin_model(model) else model
+    path = find_base_model(name, cache_dir)
+    data = {**DEFAULTS.get(name, {**DEFAULTS[GEMMA], "name": "job"}), "base_model": name,
+            "base_model_sha256": base_model_sha256(path), "environment": "arithmetic", "env_version": "1"}
     _merge(data, {k: v for k, v in overrides.items() if v is not None})
     return JobSpec.model_validate(data)
 

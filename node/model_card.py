@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-TINY = "tiny"  # swarmrl.node.models.TINY, without importing torch here
+TINY = "tiny"  # swarmrl.node.model_recipes.TINY, without importing torch here
 from swarmrl.protocol.jobspec import JobSpec
 
 FACTS = "swarmrl.json"

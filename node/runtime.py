@@ -21,9 +21,17 @@ import os
 import signal
 import threading
 from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from swarmrl.node import procs
 from swarmrl.node.logjson import apply_log_format, set_log_context
+
+if TYPE_CHECKING:
+    import hivemind
+
+    from swarmrl.node.config import NetConfig
+    from swarmrl.protocol.identity import Identity
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +78,9 @@ def set_threads(n: int) -> None:
 
 
 def setup_logging(role: str) -> None:
+    """Configure the root logger for role `role`: level from $SWARMRL_LOG (default INFO), each line
+    prefixed with the time and role (JSON with SWARMRL_LOG_FORMAT=json); chatty libraries
+    (hivemind, grpc, ...) at WARNING or quieter."""
     level = os.environ.get("SWARMRL_LOG", "INFO").upper()
     logging.basicConfig(level=level, format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s")
     apply_log_format(role)   # SWARMRL_LOG_FORMAT=json: one JSON object per line (node/logjson.py)
@@ -88,7 +99,8 @@ def stop_event() -> threading.Event:
         procs.become_subreaper()
         _stop_when_parent_dies()
         atexit.register(_end_children)
-        threading._register_atexit(_exiting)  # before the interpreter joins non-daemon threads
+        # before the interpreter joins non-daemon threads; CPython-private, so typeshed lacks it
+        threading._register_atexit(_exiting)  # type: ignore[attr-defined]
     return _life.stop
 
 
@@ -100,7 +112,7 @@ def _stop_when_parent_dies() -> None:
         os.kill(os.getpid(), signal.SIGTERM)   # it died before we asked
 
 
-def _on_signal(signum: int, _frame) -> None:
+def _on_signal(signum: int, _frame: FrameType | None) -> None:
     """The Python-level handler (main thread): stop, or abort start-up; a second signal: exit now."""
     _life.signals += 1
     _life.stop.set()
@@ -185,7 +197,8 @@ def _close_locks_in_child() -> None:
 os.register_at_fork(after_in_child=_close_locks_in_child)
 
 
-def start_role(role: str, key: Path, net, threads: int):
+def start_role(role: str, key: Path, net: NetConfig,
+               threads: int) -> tuple[threading.Event, Identity, hivemind.DHT]:
     """The common start of a role process: signal handling first, logging, thread pools, the
     peer's identity (locked) and its DHT node. Returns (stop event, identity, DHT).
 
@@ -203,7 +216,7 @@ def start_role(role: str, key: Path, net, threads: int):
     return stop, identity, join_swarm(net)
 
 
-def join_swarm(net):
+def join_swarm(net: NetConfig) -> hivemind.DHT:
     """This process's DHT node, shut down at exit.
 
     Raises:
@@ -216,7 +229,7 @@ def join_swarm(net):
     return dht
 
 
-def write_ready(path: Path | None, info: dict) -> None:
+def write_ready(path: Path | None, info: dict[str, Any]) -> None:
     """Atomically write a JSON ready file (orchestrators wait for it). The first call also marks
     the process as serving: from then on a signal stops the main loop instead of aborting start-up."""
     _life.serving = True

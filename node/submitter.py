@@ -6,7 +6,9 @@ exporting an adapter), so `swarmrl status` and a failed `submit` answer quickly.
 
 from __future__ import annotations
 
+import hashlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,22 +40,30 @@ class UnknownJob(SubmitterError):
 
 
 def stub(endpoint: str, max_message_mb: int = 64) -> pb_grpc.TrainerStub:
+    """A client of the trainer at `endpoint` (HOST:PORT) over an insecure channel whose messages
+    may be up to `max_message_mb` MiB."""
     return pb_grpc.TrainerStub(grpc.insecure_channel(endpoint, options=channel_options(max_message_mb)))
 
 
-def sign_job(identity: Identity, spec: JobSpec) -> pb.Signed:
-    """The signed `Job` envelope of `spec` (its body fixes the job id)."""
+def sign_job(identity: Identity, spec: JobSpec, dataset: bytes | None = None) -> pb.Signed:
+    """The signed `Job` envelope of `spec` (its body fixes the job id); a data-set job carries
+    its file's bytes (checked against the spec's sha256 here and by the trainer)."""
+    task = spec.dataset
+    if task is not None and (dataset is None or hashlib.sha256(dataset).hexdigest() != task.dataset_sha256):
+        raise ValueError(f"data-set job {spec.name}: the bytes given are not {task.dataset} ({task.dataset_sha256[:12]})")
+    payload = dataset if task is not None and dataset is not None else b""   # checked above: a data-set job has it
     return signing.sign(identity, signing.JOB, pb.Job(spec_json=spec.canonical_json(),
-                                                      created_ms=int(time.time() * 1000)))
+                                                      created_ms=int(time.time() * 1000), dataset=payload))
 
 
-def submit_job(endpoint: str, identity: Identity, spec: JobSpec, timeout_s: float = 600) -> str:
-    """Sign `spec` and submit it; returns the job id.
+def submit_job(endpoint: str, identity: Identity, spec: JobSpec, timeout_s: float = 600,
+               dataset: bytes | None = None) -> str:
+    """Sign `spec` (with its data-set bytes, if any) and submit it; returns the job id.
 
     Raises:
         JobRefused: the trainer answered with a refusal.
     """
-    return submit_signed(endpoint, sign_job(identity, spec), timeout_s)
+    return submit_signed(endpoint, sign_job(identity, spec, dataset), timeout_s)
 
 
 def submit_signed(endpoint: str, envelope: pb.Signed, timeout_s: float = 600) -> str:
@@ -65,7 +75,7 @@ def submit_signed(endpoint: str, envelope: pb.Signed, timeout_s: float = 600) ->
     """
     from swarmrl.protocol.jobspec import job_id_from_body
 
-    ack = stub(endpoint).SubmitJob(envelope, timeout=timeout_s)
+    ack: pb.JobAck = stub(endpoint).SubmitJob(envelope, timeout=timeout_s)
     if not ack.accepted:
         raise JobRefused(ack.reason)
     assert ack.job_id == job_id_from_body(envelope.body)
@@ -74,7 +84,9 @@ def submit_signed(endpoint: str, envelope: pb.Signed, timeout_s: float = 600) ->
 
 def job_status(endpoint: str, job_id: str, history: int = 0, timeout_s: float = 10) -> pb.JobStatus:
     """The trainer's view of a job (state, version, counters, recent steps)."""
-    return stub(endpoint).GetJobStatus(pb.JobStatusRequest(job_id=job_id, history=history), timeout=timeout_s)
+    status: pb.JobStatus = stub(endpoint).GetJobStatus(pb.JobStatusRequest(job_id=job_id, history=history),
+                                                       timeout=timeout_s)
+    return status
 
 
 def fetch_snapshot(endpoint: str, job_id: str, trainer_public_key: bytes, version: int | None = None) -> AdapterReplica:
@@ -97,7 +109,7 @@ def export_peft(state: ad.State, spec: JobSpec, out: Path) -> Path:
     its keys name ("all-linear" resolved). The model card is `model_card.write_model_card`'s job."""
     from safetensors.torch import save_file
 
-    from swarmrl.node.models import lora_config
+    from swarmrl.node.causal_lm import lora_config
 
     config = lora_config(spec.lora.rank, spec.lora.alpha, spec.lora.dropout,
                          sorted({k.split(".lora_")[0].rsplit(".", 1)[-1] for k in state}))
@@ -145,14 +157,15 @@ def _trainer_key(endpoint: str, job_id: str, status: pb.JobStatus) -> bytes:
 
 def _first_header(endpoint: str, job_id: str) -> pb.Signed:
     req = pb.AdapterRequest(job_id=job_id, snapshot=True)  # the head: always kept (retention.py)
-    for chunk in stub(endpoint).FetchAdapter(req, timeout=300):
+    chunks: Iterator[pb.AdapterChunk] = stub(endpoint).FetchAdapter(req, timeout=300)
+    for chunk in chunks:
         if chunk.HasField("header"):
             return chunk.header
     raise RuntimeError("no adapter header served")
 
 
 def _spec_json(endpoint: str, job_id: str) -> str:
-    status = stub(endpoint).GetJobStatus(pb.JobStatusRequest(job_id=job_id), timeout=10)
+    status: pb.JobStatus = stub(endpoint).GetJobStatus(pb.JobStatusRequest(job_id=job_id), timeout=10)
     if not status.spec_json:
         raise RuntimeError("trainer did not return the job spec")
     return status.spec_json

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from swarmrl.protocol.envs.dataset import DatasetTask
 from swarmrl.protocol.grpo.config import LossConfig
 
 
@@ -40,14 +40,16 @@ class SamplingSpec(_Frozen):
 class JobSpec(_Frozen):
     """A training job: base model, environment, GRPO hyper-parameters and limits.
 
-    `base_model_sha256` pins the exact weights (hex sha256, see node.models.base_model_sha256);
-    workers whose local copy differs refuse the job.
+    `base_model` is any causal LM: a built-in name ("tiny", "google/gemma-3-270m"), a Hugging Face
+    model folder or a hub id already in the local cache; `base_model_sha256` pins the exact weights
+    (hex sha256, see node.models.base_model_sha256); workers whose local copy differs refuse the job.
+    `environment` is an installed environment's name (with `env_version`) or a data-set task.
     """
 
     name: str = Field("job", min_length=1, max_length=64)
-    base_model: str
+    base_model: str = Field(min_length=1, max_length=512)
     base_model_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    environment: str = "arithmetic"
+    environment: str | DatasetTask = "arithmetic"
     env_version: str = "1"
     seed: int = Field(0, ge=0, lt=2**63)
     group_size: int = Field(8, ge=2, le=256, description="G: completions per prompt")
@@ -71,6 +73,29 @@ class JobSpec(_Frozen):
             raise ValueError("loss.loss_constant must be >= sampling.max_new_tokens")
         return self
 
+    @property
+    def dataset(self) -> DatasetTask | None:
+        """The data-set task, or None for an installed environment."""
+        return self.environment if isinstance(self.environment, DatasetTask) else None
+
+    @property
+    def environment_id(self) -> str:
+        """A short name of the task: the installed environment's name, or "dataset:<sha256[:16]>"."""
+        task = self.dataset
+        return self.environment if task is None else f"dataset:{task.dataset_sha256[:16]}"  # type: ignore[return-value]
+
+    @property
+    def environment_version(self) -> str:
+        """`env_version` for an installed environment; the data set's sha256 prefix for a data-set task."""
+        task = self.dataset
+        return self.env_version if task is None else task.dataset_sha256[:16]
+
+    @property
+    def chat_template(self) -> bool:
+        """Whether prompts are rendered with the tokenizer's chat template."""
+        task = self.dataset
+        return bool(task is not None and task.chat_template)
+
     def canonical_json(self) -> str:
         """Sorted-key, compact JSON: the exact text that is signed and hashed."""
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
@@ -86,4 +111,5 @@ def job_id_from_body(body: bytes) -> str:
     return hashlib.sha256(b"swarmrl-job\x00" + body).hexdigest()[:32]
 
 
-ModelName = Literal["tiny", "google/gemma-3-270m"]
+ModelName = str
+"""A base model: a built-in name ("tiny", "google/gemma-3-270m"), a model folder or a cached hub id."""

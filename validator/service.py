@@ -20,11 +20,12 @@ import grpc
 from swarmrl.node.config import ValidatorConfig
 from swarmrl.node.grpc_options import channel_options
 from swarmrl.node.inference import build_backend
-from swarmrl.node.inference.hf import HFBackend
-from swarmrl.node.models import base_model_sha256, prepare_base_model, resolve_model_name
+from swarmrl.node.models import default_cache_dir, find_base_model_by_sha
+from swarmrl.node.swarm.datasets import DatasetStore, DatasetUnavailable, fetch_dataset
 from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.protocol import signing
-from swarmrl.protocol.envs import get_environment
+from swarmrl.protocol.envs import job_environment
+from swarmrl.protocol.envs.base import Environment
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -61,6 +62,7 @@ class JobWatch:
     adapters: TrainerAdapters
     model_sha: str
     refused_reported: bool = False
+    env: Environment | None = None
 
     @classmethod
     def open(cls, record: VerifiedRecord, *, max_message_mb: int, cache: SnapshotCache) -> JobWatch:
@@ -68,32 +70,65 @@ class JobWatch:
         or names an environment that is not installed here."""
         r = record.record
         spec = JobSpec.from_json(r.spec_json)
-        get_environment(spec.environment, spec.env_version)  # installed here, or ValueError
         channel = grpc.insecure_channel(r.endpoint, options=channel_options(max_message_mb))
         stub = pb_grpc.TrainerStub(channel)
+        dataset = None
+        if spec.dataset is not None:   # by content address from the trainer, verified chunk by chunk
+            try:
+                dataset = fetch_dataset(spec.dataset, DatasetStore(default_cache_dir() / "datasets"),
+                                        trainer_fetch=lambda req: stub.FetchDataset(req, timeout=FETCH_TIMEOUT_S),
+                                        trainer_name=r.trainer_id)
+            except DatasetUnavailable as exc:
+                channel.close()
+                raise ValueError(str(exc)) from None
+        try:
+            env = job_environment(spec, dataset)  # installed here (or the data set's bytes), or ValueError
+        except ValueError:
+            channel.close()
+            raise
         adapters = TrainerAdapters(r.job_id, record.trainer_public_key,
                                    lambda req: stub.FetchAdapter(req, timeout=FETCH_TIMEOUT_S), cache)
-        return cls(record, spec, channel, stub, adapters, r.base_model_sha256.hex())
+        return cls(record, spec, channel, stub, adapters, r.base_model_sha256.hex(), env=env)
 
     @property
     def job_id(self) -> str:
+        """The followed job's id."""
         return self.record.record.job_id
 
     @property
     def trainer_id(self) -> str:
+        """Peer id of the trainer whose record this watch follows."""
         return self.record.trainer_id
 
     def sample(self, after_seq: int) -> list[pb.AdmittedBatch]:
+        """Up to MAX_BATCHES admitted batches after ledger sequence `after_seq`, oldest first.
+
+        Raises:
+            grpc.RpcError: the trainer could not be reached (or did not answer in RPC_TIMEOUT_S).
+        """
         req = pb.SampleRequest(job_id=self.job_id, after_seq=after_seq, max_batches=MAX_BATCHES)
         return list(self.stub.SampleAdmitted(req, timeout=RPC_TIMEOUT_S))
 
     def head_version(self) -> int:
-        return int(self.stub.GetJobStatus(pb.JobStatusRequest(job_id=self.job_id), timeout=RPC_TIMEOUT_S).policy_version)
+        """The job's policy version at the trainer now.
+
+        Raises:
+            grpc.RpcError: the trainer could not be reached (or did not answer in RPC_TIMEOUT_S).
+        """
+        status: pb.JobStatus = self.stub.GetJobStatus(pb.JobStatusRequest(job_id=self.job_id), timeout=RPC_TIMEOUT_S)
+        return int(status.policy_version)
 
     def report(self, envelope: pb.Signed) -> pb.VerdictAck:
-        return self.stub.ReportVerdicts(envelope, timeout=RPC_TIMEOUT_S)
+        """Send a signed verdict report to the trainer; returns its acknowledgement.
+
+        Raises:
+            grpc.RpcError: the trainer could not be reached (or did not answer in RPC_TIMEOUT_S).
+        """
+        ack: pb.VerdictAck = self.stub.ReportVerdicts(envelope, timeout=RPC_TIMEOUT_S)
+        return ack
 
     def close(self) -> None:
+        """Close the channel to the trainer."""
         self.channel.close()
 
 
@@ -119,6 +154,7 @@ class ValidatorService:
         self.stats = VerdictStats()                   # groups checked, verdicts sent (validator.metrics)
 
     def close(self) -> None:
+        """Close every watch, unload the models, and close the seen and reputation stores."""
         for watch in self.watches.values():
             watch.close()
         for v in self.validators.values():
@@ -137,15 +173,12 @@ class ValidatorService:
         if sha in self.unservable:
             return None
         try:
-            path = prepare_base_model(resolve_model_name(record.base_model), self.cfg.cache_dir)
-            if base_model_sha256(path) != sha:
-                raise ValueError(f"local {record.base_model} weights differ from the job's sha256 {sha[:12]}")
+            path = find_base_model_by_sha(record.base_model, sha, self.cfg.base_models, self.cfg.cache_dir)
         except (ValueError, RuntimeError) as exc:
             log.warning("can't validate jobs on %s: %s", record.base_model, exc)
             self.unservable.add(sha)
             return None
-        backend = build_backend("hf", path)
-        assert isinstance(backend, HFBackend), "the validator rescores with the transformers backend"
+        backend = build_backend("hf", path)   # rescoring runs one prefill on `backend.activated`'s model
         self.validators[sha] = Validator(backend, seen=self.seen, reputation=self.reputation,
                                          sampling_key=self.sampling_key, settings=self.settings)
         log.info("loaded %s for validation", record.base_model)
@@ -195,6 +228,8 @@ class ValidatorService:
 
     def round(self, watch: JobWatch, validator: Validator) -> tuple[int, bool]:
         """Judge the next admitted batches of one job. Returns (verdicts sent, caught up)."""
+        if watch.env is not None:
+            validator.add_env(watch.spec, watch.env)
         batches = watch.sample(self.seen.cursor(watch.job_id, watch.trainer_id))
         if not batches:
             return 0, True

@@ -26,13 +26,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from swarmrl.node.causal_lm import render_prompt
 from swarmrl.node.grading import GradingError, GradingPool
 from swarmrl.node.inference.base import InferenceBackend
-from swarmrl.node.models import encode_prompt
+from swarmrl.node.tasks import grader_for
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol import signing
-from swarmrl.protocol.envs import get_environment
-from swarmrl.protocol.envs.base import Grade
+from swarmrl.protocol.envs import job_environment
+from swarmrl.protocol.envs.base import Environment, Grade
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.updates import VersionNotKept
@@ -123,6 +124,7 @@ class Validator:
             lambda name, version: GradingPool(name, version, timeout_s=self.settings.grade_timeout_s))
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self._graders: dict[tuple[str, str], GradingPool] = {}
+        self.envs: dict[tuple[str, int], Environment] = {}   # (environment id, seed) -> environment
         self._slot_hash: dict[str, bytes] = {}
         self._prompt_ids: dict[tuple[str, int], list[int]] = {}
         self.vocab_size = backend.vocab_size
@@ -169,11 +171,22 @@ class Validator:
         self.stats.ran("prefill", len(prefill), t)
         return self._judge(works, job_id, peer, opened.batch_id, now)
 
+    def add_env(self, spec: JobSpec, env: Environment) -> None:
+        """Use `env` for jobs with `spec`'s task (a data-set job's env needs its fetched bytes)."""
+        self.envs[(spec.environment_id, spec.seed)] = env
+
+    def env_of(self, spec: JobSpec) -> Environment:
+        """The job's environment (an installed one is loaded on first use)."""
+        key = (spec.environment_id, spec.seed)
+        if key not in self.envs:
+            self.envs[key] = job_environment(spec)
+        return self.envs[key]
+
     def _cheap_rungs(
         self, admitted: pb.AdmittedBatch, opened: ck.OpenedBatch, spec: JobSpec, job_id: str,
         head_version: int, rate: float, now: int,
     ) -> list[_GroupWork]:
-        env = get_environment(spec.environment, spec.env_version)
+        env = self.env_of(spec)
         limits = adm.AdmissionLimits(
             group_size=spec.group_size, vocab_size=self.vocab_size, max_prompt_tokens=spec.max_prompt_tokens,
             max_new_tokens=spec.sampling.max_new_tokens, reward_range=env.reward_range,
@@ -200,8 +213,8 @@ class Validator:
         if key not in self._prompt_ids:
             if len(self._prompt_ids) >= _PROMPT_CACHE:
                 self._prompt_ids.clear()
-            text = get_environment(spec.environment, spec.env_version).prompt(spec.seed, index).text
-            self._prompt_ids[key] = encode_prompt(self.backend.tokenizer, text)
+            prompt = self.env_of(spec).prompt(spec.seed, index)
+            self._prompt_ids[key] = render_prompt(self.backend.tokenizer, prompt, spec.chat_template)
         return self._prompt_ids[key]
 
     def _first_seen(
@@ -218,16 +231,17 @@ class Validator:
     # ---- regrade
 
     def _grader(self, spec: JobSpec) -> GradingPool:
-        key = (spec.environment, spec.env_version)
+        key = (spec.environment_id, spec.environment_version)
         if key not in self._graders:
-            self._graders[key] = self._grader_factory(*key)
+            self._graders[key] = (self._grader_factory(*key) if spec.dataset is None
+                                  else grader_for(spec, self.settings.grade_timeout_s))
         return self._graders[key]
 
     def _regrade(self, spec: JobSpec, job_id: str, works: list[_GroupWork]) -> None:
         """One grading call for every sampled group of the batch."""
         if not works:
             return
-        env = get_environment(spec.environment, spec.env_version)
+        env = self.env_of(spec)
         prompts, texts, infos = [], [], []
         for w in works:
             p = env.prompt(spec.seed, w.group.prompt_index)

@@ -45,8 +45,8 @@ def build_backend(
 
             return start_vllm_backend(model_path, url=vllm_url, log_path=vllm_log)
     if kind == "hf":
+        from swarmrl.node.causal_lm import load_causal_lm, lora_config
         from swarmrl.node.inference.hf import HFBackend
-        from swarmrl.node.models import load_causal_lm, lora_config
 
         model, tokenizer = load_causal_lm(model_path, dtype=dtype, num_threads=num_threads)
         return HFBackend(model, tokenizer, lora_config(DEFAULT_LORA_RANK, DEFAULT_LORA_ALPHA))

@@ -33,11 +33,11 @@ from transformers import (
     StoppingCriteriaList,
 )
 
+from swarmrl.node.causal_lm import lora_config as make_lora_config
+from swarmrl.node.causal_lm import vocab_size as model_vocab_size
+from swarmrl.node.causal_lm import with_lora
 from swarmrl.node.inference.base import FinishReason, InferenceBackend, LoraShape, SampledCompletion, Sampling
 from swarmrl.node.inference.scoring import tempered_log_softmax
-from swarmrl.node.models import lora_config as make_lora_config
-from swarmrl.node.models import vocab_size as model_vocab_size
-from swarmrl.node.models import with_lora
 
 TOP_P_CANDIDATES = 1024  # top-p looks at the k most likely tokens first, widening k x8 while short of mass
 PLACEHOLDER_ADAPTER = "swarmrl-placeholder"  # peft needs >= 1 adapter; this one stays all-zero, never active
@@ -51,7 +51,7 @@ def ensure_contiguous_head_input(causal_lm: PreTrainedModel) -> None:
     slower (bf16); HF generate feeds the head a strided slice of the last position.
     """
     head = causal_lm.get_output_embeddings()
-    hooks = head._forward_pre_hooks.values()  # also recognizes models.load_causal_lm's hook
+    hooks = head._forward_pre_hooks.values()  # also recognizes causal_lm.load_causal_lm's hook
     if getattr(head, _HOOK_FLAG, False) or any("contiguous" in getattr(h, "__name__", "") for h in hooks):
         return
     head.register_forward_pre_hook(_contiguous_inputs)

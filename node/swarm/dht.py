@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import hivemind
 from google.protobuf.message import DecodeError
@@ -38,7 +39,7 @@ class SwarmError(RuntimeError):
     """The DHT could not be joined or used."""
 
 
-def safe_p2p_options(host: str = "127.0.0.1", port: int = 0) -> dict:
+def safe_p2p_options(host: str = "127.0.0.1", port: int = 0) -> dict[str, Any]:
     """libp2p options with NAT port mapping, AutoNAT and relays off (see stack notes)."""
     return {
         "host_maddrs": [f"/ip4/{host}/tcp/{port}"],
@@ -57,7 +58,7 @@ class BoundedDHT(hivemind.DHT):
 
     SHUTDOWN_S = 2.0
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, shutdown_timeout=self.SHUTDOWN_S, **kwargs)
         self._forked_from_main_thread = False
 
@@ -89,7 +90,7 @@ class BoundedDHT(hivemind.DHT):
             self.join(1.0)
 
 
-def _end_dht_process(*_) -> None:
+def _end_dht_process(*_: object) -> None:
     """SIGTERM in the DHT process: end its p2pd daemon, then exit at once."""
     procs.end_descendants(grace_s=0.5)
     os._exit(0)

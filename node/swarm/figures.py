@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
+from typing import Any
 
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
@@ -22,14 +23,14 @@ def publish_times(st: pb.JobStatus) -> dict[int, float]:
     return {int(h.policy_version): float(h.extra["published_at"]) for h in st.history if "published_at" in h.extra}
 
 
-def propagation(published: dict[int, float], workers: dict[str, dict], job_id: str) -> list[float]:
+def propagation(published: dict[int, float], workers: dict[str, dict[str, Any]], job_id: str) -> list[float]:
     """Per version that every worker held: seconds from publish until the last worker held it."""
     held = [w.get("adapters", {}).get(job_id, {}).get("sync", {}).get("held_at", {}) for w in workers.values()]
     out = []
     for v, t in sorted(published.items()):
         times = [h.get(str(v)) for h in held]
         if held and all(x is not None for x in times):
-            out.append(max(0.0, max(times) - t))  # type: ignore[type-var]
+            out.append(max(0.0, max(times) - t))
     return out
 
 
@@ -39,7 +40,8 @@ def upload_share(from_trainers: int, from_peers: int) -> float:
     return from_trainers / total if total else 0.0
 
 
-def swarm_figures(statuses: list[pb.JobStatus], workers: dict[str, dict], job_id: str, model_bytes: int) -> dict:
+def swarm_figures(statuses: list[pb.JobStatus], workers: dict[str, dict[str, Any]], job_id: str,
+                  model_bytes: int) -> dict[str, Any]:
     """The summary fields of the swarm layer (see README: "Delta gossip figures").
 
     `workers` are the honest workers (the red-team drill's adversaries are not in it).

@@ -24,6 +24,7 @@ from hivemind.p2p import P2PContext, PeerID
 
 from swarmrl.node.swarm.dht import REFRESH_S
 from swarmrl.node.swarm.holders import announce_holdings
+from swarmrl.protocol.blobs import blob_chunks
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.signing import signer_id
@@ -31,6 +32,7 @@ from swarmrl.protocol.updates import ReceivedUpdate, chunks
 
 log = logging.getLogger(__name__)
 PROTOCOL = "swarmrl.v1.FetchUpdate"
+DATASET_PROTOCOL = "swarmrl.v1.FetchDataset"   # data-set files by sha256 (swarm.datasets)
 MAX_UPDATE_BYTES = 1 << 30
 T = TypeVar("T")
 
@@ -108,11 +110,43 @@ class GossipNode:
         self.libp2p_peer_id: bytes = self.p2p.peer_id.to_bytes()
         self._announced: dict[str, float] = {}
         self._lock = threading.Lock()
+        self.datasets: dict[str, bytes] = {}   # sha256 hex -> verified file bytes this peer serves
 
     async def _start(self) -> hivemind.P2P:
         p2p = await self.dht.replicate_p2p()
         await p2p.add_protobuf_handler(PROTOCOL, self._serve, pb.UpdateRequest, stream_output=True)
+        await p2p.add_protobuf_handler(DATASET_PROTOCOL, self._serve_dataset, pb.UpdateRequest, stream_output=True)
         return p2p
+
+    async def _serve_dataset(self, req: pb.UpdateRequest, context: P2PContext) -> AsyncIterator[pb.AdapterChunk]:
+        data = self.datasets.get(bytes(req.payload_sha256).hex())
+        if data is None:
+            return
+        with self._lock:
+            self.served["dataset:" + bytes(req.payload_sha256).hex()] += len(data)
+        for chunk in blob_chunks(data):
+            yield chunk
+
+    def hold_dataset(self, sha256_hex: str, data: bytes) -> None:
+        """Serve a verified data-set file and announce it (key: the holders record of "dataset:<sha>")."""
+        self.datasets[sha256_hex] = data
+        self._announce_dataset(sha256_hex)
+
+    def _announce_dataset(self, sha256_hex: str) -> None:
+        held = [pb.HeldUpdate(version=0, payload_sha256=bytes.fromhex(sha256_hex),
+                              payload_size=len(self.datasets[sha256_hex]))]
+        try:
+            announce_holdings(self.dht, self.identity, "dataset:" + sha256_hex, self.libp2p_peer_id, held,
+                              int(time.time() * 1000))
+            self._announced["dataset:" + sha256_hex] = time.monotonic()
+        except Exception as exc:  # noqa: BLE001 - the DHT can fail; the next refresh retries
+            log.warning("announcing data set %s failed: %r", sha256_hex[:12], exc)
+
+    def fetch_dataset(self, libp2p_peer_id: bytes, sha256_hex: str, timeout_s: float = 60.0) -> list[pb.AdapterChunk]:
+        """The chunks a peer streams for data set `sha256_hex` (empty when it doesn't hold it)."""
+        req = pb.UpdateRequest(job_id="dataset:" + sha256_hex, payload_sha256=bytes.fromhex(sha256_hex))
+        coro = self._fetch(libp2p_peer_id, req, DATASET_PROTOCOL)
+        return self._loop.run(asyncio.wait_for(coro, timeout_s), timeout=timeout_s + 5)
 
     async def _serve(self, req: pb.UpdateRequest, context: P2PContext) -> AsyncIterator[pb.AdapterChunk]:
         update = self.cache.get(req.job_id, int(req.version), bool(req.snapshot))
@@ -131,8 +165,8 @@ class GossipNode:
         """
         return self._loop.run(asyncio.wait_for(self._fetch(libp2p_peer_id, req), timeout_s), timeout=timeout_s + 5)
 
-    async def _fetch(self, libp2p_peer_id: bytes, req: pb.UpdateRequest) -> list[pb.AdapterChunk]:
-        stream = await self.p2p.iterate_protobuf_handler(PeerID(libp2p_peer_id), PROTOCOL, req, pb.AdapterChunk)
+    async def _fetch(self, libp2p_peer_id: bytes, req: pb.UpdateRequest, protocol: str = PROTOCOL) -> list[pb.AdapterChunk]:
+        stream = await self.p2p.iterate_protobuf_handler(PeerID(libp2p_peer_id), protocol, req, pb.AdapterChunk)
         out, size = [], 0
         async for chunk in stream:
             size += len(chunk.data)
@@ -163,6 +197,9 @@ class GossipNode:
         """Re-announce every job's holdings whose record is due (call periodically)."""
         for job_id in self.cache.jobs():
             self.announce(job_id, force=False)
+        for sha in list(self.datasets):
+            if time.monotonic() - self._announced.get("dataset:" + sha, 0.0) >= REFRESH_S:
+                self._announce_dataset(sha)
 
     def served_bytes(self, job_id: str) -> int:
         """Payload bytes of the job's updates this node has sent to other peers."""
@@ -178,4 +215,5 @@ class GossipNode:
     async def _stop(self) -> None:
         with contextlib.suppress(Exception):
             await self.p2p.remove_protobuf_handler(PROTOCOL, stream_output=True)
+            await self.p2p.remove_protobuf_handler(DATASET_PROTOCOL, stream_output=True)
         await self.p2p.shutdown()

@@ -29,7 +29,7 @@ import torch
 
 from swarmrl.node.swarm.averaging import GradientAveraging
 from swarmrl.node.swarm.cotrainers import Cotrainers
-from swarmrl.node.swarm.dht import find_jobs
+from swarmrl.node.swarm.dht import VerifiedRecord, find_jobs
 from swarmrl.node.swarm.trainer_state import SharedState, unpack
 from swarmrl.protocol.grpo.reduce import Reduced
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -55,7 +55,7 @@ class JobSwarm:
         """True while at least one cotrainer is live."""
         return bool(self.cotrainers.live())
 
-    def refresh(self, records: list | None = None) -> None:
+    def refresh(self, records: list[VerifiedRecord] | None = None) -> None:
         """Update the cotrainer view from the DHT's job records (read now when not given)."""
         self.cotrainers.update(find_jobs(self.dht) if records is None else records)
 
@@ -71,6 +71,8 @@ class JobSwarm:
         self.averaging.set_state(provider, priority)
 
     def peer_round_open(self, version: int) -> bool:
+        """Whether a cotrainer has opened the averaging round of `version` (so this trainer should
+        join it even without a full batch of its own)."""
         return self.averaging is not None and self.active and self.averaging.peer_round_open(version)
 
     def may_sync(self) -> bool:
@@ -120,6 +122,7 @@ class JobSwarm:
         return any(c.head_version > version for c in self.cotrainers.live())
 
     def fill_status(self, st: pb.JobStatus) -> None:
+        """Add the live cotrainers' peer ids and the averaging counters to a job's status."""
         st.cotrainers.extend(c.trainer_id for c in self.cotrainers.live())
         st.averaging_rounds = self.counters["averaging_rounds"]
         st.averaging_solo = self.counters["averaging_solo"]
@@ -127,6 +130,7 @@ class JobSwarm:
         st.state_syncs = self.counters["state_syncs"]
 
     def shutdown(self) -> None:
+        """Stop the gradient averager, if one was started."""
         if self.averaging is not None:
             self.averaging.shutdown()
 

@@ -15,6 +15,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -32,7 +33,7 @@ class Checkpoint:
 
     step: int
     state: ad.State
-    optimizer: dict
+    optimizer: dict[str, Any]   # torch.optim.Optimizer.state_dict()
 
 
 def save_checkpoint(root: Path, ckpt: Checkpoint) -> Path:

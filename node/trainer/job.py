@@ -18,8 +18,8 @@ from pathlib import Path
 
 from peft import PeftModel
 
+from swarmrl.node.causal_lm import render_prompt, vocab_size
 from swarmrl.node.model_card import write_model_card
-from swarmrl.node.models import encode_prompt, vocab_size
 from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.node.swarm.job_swarm import JobSwarm
 from swarmrl.node.trainer.adapter_store import AdapterStore, StoredUpdate
@@ -31,7 +31,7 @@ from swarmrl.node.trainer.ledger import Ledger, PendingGroup
 from swarmrl.node.trainer.status import job_status
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol import admission as adm
-from swarmrl.protocol.envs import get_environment
+from swarmrl.protocol.envs import job_environment
 from swarmrl.protocol.grpo.reduce import GradientReducer, LocalReduce
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
@@ -61,12 +61,13 @@ class JobRuntime:
     def __init__(
         self, job_id: str, spec: JobSpec, *, identity: Identity, model_path: Path, state_dir: Path, ledger: Ledger,
         prompt_shard: tuple[int, int] = (0, 1), probation_ms: int = 0, clock: Callable[[], float] = time.time,
-        wrap_reducer: ReducerWrap | None = None,
+        wrap_reducer: ReducerWrap | None = None, dataset: bytes | None = None,
     ) -> None:
         self.job_id, self.spec, self.identity, self.ledger = job_id, spec, identity, ledger
         self.probation_ms, self.clock, self.wrap_reducer = probation_ms, clock, wrap_reducer
         self.dir = state_dir / "jobs" / job_id
-        self.env = get_environment(spec.environment, spec.env_version)
+        self.dataset = dataset
+        self.env = job_environment(spec, dataset)
         self.learner = Learner(model_path, spec)
         self.store = AdapterStore(self.dir / "adapters", job_id, identity)
         self._prompt_ids: dict[int, list[int]] = {}
@@ -122,8 +123,8 @@ class JobRuntime:
         """The DHT record announcing this job."""
         return pb.JobRecord(
             job_id=self.job_id, trainer_id=self.identity.peer_id, endpoint=endpoint, base_model=self.spec.base_model,
-            base_model_sha256=bytes.fromhex(self.spec.base_model_sha256), environment=self.spec.environment,
-            env_version=self.spec.env_version, head_version=self.version, head_hash=self.head_hash,
+            base_model_sha256=bytes.fromhex(self.spec.base_model_sha256), environment=self.spec.environment_id,
+            env_version=self.spec.environment_version, head_version=self.version, head_hash=self.head_hash,
             updated_ms=self.now_ms(), done=self.done, spec_json=self.spec.canonical_json(),
             trainer_public_key=self.identity.public_key,
             cotrainer_keys=[c.public_key for c in self.cotraining.swarm.cotrainers.live()] if self.cotraining else [],
@@ -132,8 +133,8 @@ class JobRuntime:
     def prompt_ids(self, index: int) -> list[int]:
         """Token ids of prompt `index`, derived from (job seed, index)."""
         if index not in self._prompt_ids:
-            text = self.env.prompt(self.spec.seed, index).text
-            self._prompt_ids[index] = encode_prompt(self.learner.tokenizer, text)
+            prompt = self.env.prompt(self.spec.seed, index)
+            self._prompt_ids[index] = render_prompt(self.learner.tokenizer, prompt, self.spec.chat_template)
         return self._prompt_ids[index]
 
     # ---- batches

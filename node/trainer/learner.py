@@ -16,12 +16,13 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 
+from swarmrl.node.causal_lm import load_causal_lm, lora_config, with_lora
 from swarmrl.node.inference.scoring import completion_logprobs, shared_prompt_logprobs
-from swarmrl.node.models import load_causal_lm, lora_config, with_lora
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol.grpo import group_advantages, logprob_drift, policy_loss, staleness_histogram
 from swarmrl.protocol.grpo.reduce import GradientReducer, LocalReduce
@@ -129,10 +130,12 @@ class Learner:
         if got != ad.adapter_hash(state):
             raise RuntimeError("adapter state did not load exactly")
 
-    def optimizer_state(self) -> dict:
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's `state_dict()` (AdamW moments and step counts, for a checkpoint)."""
         return self.optimizer.state_dict()
 
-    def load_optimizer_state(self, state: dict) -> None:
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        """Restore the optimizer from an `optimizer_state()` (same parameters, same order)."""
         self.optimizer.load_state_dict(state)
 
     def completion_logprobs(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,9 +176,11 @@ class Learner:
             p.grad = g.detach().to(p.dtype).clone().reshape(p.shape)
 
     def clear_grads(self) -> None:
+        """Drop every gradient (set to None), as before a fresh backward pass."""
         self.optimizer.zero_grad(set_to_none=True)
 
     def gradients_finite(self) -> bool:
+        """False if any gradient holds a NaN or an infinity (the step must then be skipped)."""
         return all(p.grad is None or bool(torch.isfinite(p.grad).all()) for p in self.params)
 
     def apply_gradients(self) -> float:

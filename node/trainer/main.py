@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from swarmrl.node.config import TrainerConfig
-from swarmrl.node.models import base_model_sha256, prepare_base_model
+from swarmrl.node.models import find_base_model_by_sha
 from swarmrl.node.runtime import start_role, write_ready
-from swarmrl.node.swarm.dht import REFRESH_S, announce_job, find_jobs, visible_maddrs
+from swarmrl.node.swarm.dht import REFRESH_S, VerifiedRecord, announce_job, find_jobs, visible_maddrs
 from swarmrl.node.swarm.job_swarm import JobSwarm
 from swarmrl.node.trainer.checkpoint import prune_checkpoints
 from swarmrl.node.trainer.faults import reducer_wrap
@@ -27,6 +28,9 @@ from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec, job_id_from_body
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
+if TYPE_CHECKING:
+    import hivemind
+
 log = logging.getLogger(__name__)
 COTRAINER_LOOK_S = 0.5   # how often the job records are read to follow cotrainers
 
@@ -34,7 +38,7 @@ COTRAINER_LOOK_S = 0.5   # how often the job records are read to follow cotraine
 class Trainer:
     """The jobs of one trainer process, and the operations the gRPC service calls."""
 
-    def __init__(self, cfg: TrainerConfig, identity: Identity, dht=None) -> None:
+    def __init__(self, cfg: TrainerConfig, identity: Identity, dht: hivemind.DHT | None = None) -> None:
         self.cfg, self.identity, self.dht = cfg, identity, dht
         self.ledger = Ledger(cfg.state_dir / "ledger.sqlite")
         self.jobs: dict[str, JobRuntime] = {}
@@ -43,13 +47,12 @@ class Trainer:
         self._lock = threading.Lock()
         for job_id, envelope in self.ledger.jobs():
             job, _ = signing.open_signed(envelope, signing.JOB, pb.Job)
-            self._host(job_id, JobSpec.from_json(job.spec_json))
+            self._host(job_id, JobSpec.from_json(job.spec_json), bytes(job.dataset) or None)
 
-    def _host(self, job_id: str, spec: JobSpec) -> JobRuntime:
-        path = prepare_base_model(spec.base_model, self.cfg.cache_dir)
-        if base_model_sha256(path) != spec.base_model_sha256:
-            raise ValueError(f"base model {spec.base_model} here does not match the job's sha256")
+    def _host(self, job_id: str, spec: JobSpec, dataset: bytes | None = None) -> JobRuntime:
+        path = find_base_model_by_sha(spec.base_model, spec.base_model_sha256, self.cfg.base_models, self.cfg.cache_dir)
         runtime = JobRuntime(job_id, spec, identity=self.identity, model_path=path, state_dir=self.cfg.state_dir,
+                             dataset=dataset,
                              ledger=self.ledger, prompt_shard=self.cfg.prompt_shard,
                              probation_ms=int(self.cfg.probation_s * 1000) if self.cfg.trusted_validators else 0,
                              wrap_reducer=reducer_wrap(self.cfg.fault))
@@ -75,11 +78,11 @@ class Trainer:
         with self._lock:
             if job_id not in self.jobs:
                 try:
-                    self._host(job_id, spec)
+                    self._host(job_id, spec, bytes(job.dataset) or None)
                 except (ValueError, RuntimeError) as exc:
                     return pb.JobAck(job_id=job_id, accepted=False, reason=str(exc)[:500])
                 self.ledger.add_job(job_id, envelope, now_ms())
-                log.info("hosting job %s (%s on %s) from %s", job_id, spec.environment, spec.base_model, submitter)
+                log.info("hosting job %s (%s on %s) from %s", job_id, spec.environment_id, spec.base_model, submitter)
         return pb.JobAck(job_id=job_id, accepted=True)
 
     def admit(self, envelope: pb.Signed) -> pb.BatchReceipt:
@@ -104,7 +107,16 @@ class Trainer:
         banned = job.admission.apply_verdicts(validator, report)
         return pb.VerdictAck(accepted=len(report.verdicts), banned=banned)
 
+    def dataset_bytes(self, sha256_hex: str) -> bytes | None:
+        """The data-set file of a hosted job, by sha256 (served to workers and validators)."""
+        for runtime in list(self.jobs.values()):
+            task = runtime.spec.dataset
+            if task is not None and task.dataset_sha256 == sha256_hex and runtime.dataset is not None:
+                return runtime.dataset
+        return None
+
     def count_upload(self, n: int) -> None:
+        """Add `n` bytes to what this trainer served (adapters and data sets, to anyone)."""
         with self._lock:
             self.upload_bytes += n
 
@@ -121,12 +133,13 @@ def _claimed_job_id(envelope: pb.Signed) -> str:
 class TrainerLoop:
     """The phases of the trainer's main loop: announce -> coordinate with cotrainers -> step."""
 
-    def __init__(self, trainer: Trainer, dht, identity: Identity, endpoint: str) -> None:
+    def __init__(self, trainer: Trainer, dht: hivemind.DHT, identity: Identity, endpoint: str) -> None:
         self.trainer, self.dht, self.identity, self.endpoint = trainer, dht, identity, endpoint
         self.last_announce = self.last_look = 0.0
         self.finished: set[str] = set()
 
     def announce(self, job: JobRuntime) -> None:
+        """Put the job's signed record (version, endpoint, cotrainers) in the DHT now."""
         announce_job(self.dht, self.identity, job.record(self.endpoint))
 
     def announce_if_due(self) -> None:
@@ -136,14 +149,14 @@ class TrainerLoop:
                 self.announce(job)
             self.last_announce = time.monotonic()
 
-    def look_for_cotrainers_if_due(self) -> list | None:
+    def look_for_cotrainers_if_due(self) -> list[VerifiedRecord] | None:
         """The DHT's job records every COTRAINER_LOOK_S (None in between)."""
         if not self.trainer.jobs or time.monotonic() - self.last_look <= COTRAINER_LOOK_S:
             return None
         self.last_look = time.monotonic()
         return find_jobs(self.dht)
 
-    def coordinate(self, job: JobRuntime, records: list | None) -> None:
+    def coordinate(self, job: JobRuntime, records: list[VerifiedRecord] | None) -> None:
         """Adopt a cotrainer's newer version or notice cotrainers come and go; re-announce on change."""
         if records is None:
             return

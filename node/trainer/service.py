@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from concurrent import futures
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -16,9 +17,13 @@ from swarmrl.node.grpc_options import server_options
 from swarmrl.node.grpc_standard import add_standard_services
 from swarmrl.node.runtime import StartupError
 from swarmrl.protocol import signing
+from swarmrl.protocol.blobs import blob_chunks
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
 from swarmrl.protocol.updates import VersionNotKept, chunks
+
+if TYPE_CHECKING:
+    from swarmrl.node.trainer.main import Trainer
 
 log = logging.getLogger(__name__)
 
@@ -26,13 +31,16 @@ log = logging.getLogger(__name__)
 class TrainerService(pb_grpc.TrainerServicer):
     """Implements swarmrl.v1.Trainer on top of a `Trainer` (node.trainer.main)."""
 
-    def __init__(self, trainer) -> None:
+    def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
 
     def SubmitJob(self, request: pb.Signed, context: grpc.ServicerContext) -> pb.JobAck:
+        """Host a signed job (`Trainer.submit_job`); a refusal is an ack with a reason."""
         return self.trainer.submit_job(request)
 
     def RequestLease(self, request: pb.Signed, context: grpc.ServicerContext) -> pb.LeaseReply:
+        """Lease prompts of a job to the worker that signed the request; a bad signature or an
+        unknown job is a reply with a reason and no lease."""
         try:
             req, peer = signing.open_signed(request, signing.LEASE_REQUEST, pb.LeaseRequest)
         except signing.SignatureError as exc:
@@ -43,15 +51,21 @@ class TrainerService(pb_grpc.TrainerServicer):
         return job.admission.request_lease(peer, req)
 
     def SubmitRollouts(self, request_iterator: Iterator[pb.Signed], context: grpc.ServicerContext) -> pb.Receipt:
+        """Admit each signed rollout batch of the stream; one receipt entry (accepted or the
+        reason) per batch, in order."""
         receipt = pb.Receipt()
         for envelope in request_iterator:
             receipt.batches.append(self.trainer.admit(envelope))
         return receipt
 
     def FetchAdapter(self, request: pb.AdapterRequest, context: grpc.ServicerContext) -> Iterator[pb.AdapterChunk]:
+        """Stream the signed updates (deltas or a snapshot) that bring the requester to the version
+        it wants, as chunks. Aborts NOT_FOUND for an unknown job, OUT_OF_RANGE for a version no
+        longer kept."""
         job = self.trainer.jobs.get(request.job_id)
         if job is None:
-            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")
+            context.abort(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")   # raises
+            return
         try:
             for update in job.updates(request):
                 self.trainer.count_upload(len(update.payload))
@@ -60,13 +74,27 @@ class TrainerService(pb_grpc.TrainerServicer):
         except VersionNotKept as exc:  # pruned (retention.py): say so, unlike a never-published version
             context.abort(grpc.StatusCode.OUT_OF_RANGE, str(exc))
 
+    def FetchDataset(self, request: pb.UpdateRequest, context: grpc.ServicerContext) -> Iterator[pb.AdapterChunk]:
+        """Stream a hosted job's data-set file by its sha256 (`payload_sha256`), as chunks. Aborts
+        NOT_FOUND when no hosted job has it."""
+        data = self.trainer.dataset_bytes(bytes(request.payload_sha256).hex())
+        if data is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, "no hosted job has this data set")   # raises
+            return
+        self.trainer.count_upload(len(data))
+        yield from blob_chunks(data)
+
     def GetJobStatus(self, request: pb.JobStatusRequest, context: grpc.ServicerContext) -> pb.JobStatus:
+        """A job's status with its last `history` steps (state "unknown" for a job not hosted here)."""
         job = self.trainer.jobs.get(request.job_id)
         if job is None:
             return pb.JobStatus(job_id=request.job_id, state="unknown")
         return job.status(request.history, request.verdicts, request.holders)
 
     def SampleAdmitted(self, request: pb.SampleRequest, context: grpc.ServicerContext) -> Iterator[pb.AdmittedBatch]:
+        """Stream admitted batches of a job after ledger sequence `after_seq` (at most
+        `max_batches`, default 16, capped at 256), each with its lease, for validators. Nothing
+        for an unknown job."""
         job = self.trainer.jobs.get(request.job_id)
         if job is None:
             return
@@ -77,10 +105,11 @@ class TrainerService(pb_grpc.TrainerServicer):
                                    admitted_prompt_indices=self.trainer.ledger.batch_group_indices(seq))
 
     def ReportVerdicts(self, request: pb.Signed, context: grpc.ServicerContext) -> pb.VerdictAck:
+        """Act on a trusted validator's signed verdicts (`Trainer.report_verdicts`)."""
         return self.trainer.report_verdicts(request)
 
 
-def serve(trainer, host: str, port: int, max_message_mb: int, workers: int = 8) -> tuple[grpc.Server, int]:
+def serve(trainer: Trainer, host: str, port: int, max_message_mb: int, workers: int = 8) -> tuple[grpc.Server, int]:
     """Start the gRPC server on host:port (0 = any free port); returns (server, bound port)."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=server_options(max_message_mb))
     pb_grpc.add_TrainerServicer_to_server(TrainerService(trainer), server)

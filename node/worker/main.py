@@ -14,30 +14,61 @@ import random
 import threading
 import time
 from collections import defaultdict
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from swarmrl.node.config import WorkerConfig
 from swarmrl.node.inference import build_backend
 from swarmrl.node.metrics import metrics_urls, start_metrics
-from swarmrl.node.models import base_model_sha256, prepare_base_model, resolve_model_name
+from swarmrl.node.models import (
+    base_model_sha256,
+    default_cache_dir,
+    find_base_model,
+    is_builtin_model,
+    resolve_model_name,
+)
 from swarmrl.node.runtime import start_role, write_ready
+from swarmrl.node.swarm.datasets import DatasetFetchStats, DatasetStore, DatasetUnavailable
 from swarmrl.node.swarm.dht import VerifiedRecord, find_jobs
 from swarmrl.node.swarm.gossip import GossipNode, UpdateCache
 from swarmrl.node.worker.red_team import RedTeam
 from swarmrl.node.worker.session import AdapterBehind, JobSession
 from swarmrl.node.worker.stats import retired, worker_metrics
+from swarmrl.protocol.envs import get_environment
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
+
+if TYPE_CHECKING:   # annotations only
+    from collections.abc import Callable
+    from types import SimpleNamespace
+
+    import hivemind
+
+    from swarmrl.node.inference.base import InferenceBackend
 
 log = logging.getLogger(__name__)
 
 
-def servable(records: list[VerifiedRecord], base_model: str, sha256: str) -> list[VerifiedRecord]:
-    """Records of jobs on this worker's base model (exact weights), newest first."""
-    ok = [r for r in records if r.record.base_model_sha256.hex() == sha256
-          and resolve_model_name(r.record.base_model) == base_model]
+def servable(records: list[VerifiedRecord], shas: set[str]) -> list[VerifiedRecord]:
+    """Records of jobs on one of this worker's base models (exact weights, by sha256), newest first."""
+    ok = [r for r in records if r.record.base_model_sha256.hex() in shas]
     return sorted(ok, key=lambda r: r.record.updated_ms, reverse=True)
+
+
+def cannot_run(spec: JobSpec, environments: list[str]) -> str:
+    """Why this worker must skip a job's task ("" when it can run it): a data-set job runs only
+    built-in rewards; an installed environment must be listed in the worker's config and
+    installed at the job's version."""
+    if spec.dataset is not None:
+        return ""
+    if spec.environment not in environments:
+        return f"environment {spec.environment!r} is not in this worker's environments {environments}"
+    try:
+        get_environment(spec.environment, spec.env_version)
+    except Exception as exc:  # noqa: BLE001 - a missing or broken package: skip the job, say why
+        return str(exc)
+    return ""
 
 
 def by_job(records: list[VerifiedRecord]) -> dict[str, list[VerifiedRecord]]:
@@ -54,27 +85,39 @@ TRAINER_RETRY_S = 30.0
 class Worker:
     """The job sessions of one worker process over one loaded base model."""
 
-    def __init__(self, cfg: WorkerConfig, identity: Identity, dht=None, gossip: GossipNode | None = None) -> None:
+    def __init__(self, cfg: WorkerConfig, identity: Identity, dht: hivemind.DHT | None = None,
+                 gossip: GossipNode | None = None) -> None:
         self.cfg, self.identity = cfg, identity
         self.dht, self.gossip = dht, gossip
-        self.model_name = resolve_model_name(cfg.base_model)
-        path = prepare_base_model(self.model_name, cfg.cache_dir)
-        self.sha256 = base_model_sha256(path)
-        self.backend = build_backend(cfg.backend, path)
+        names = [resolve_model_name(m) if is_builtin_model(m) else m for m in (cfg.base_models or [cfg.base_model])]
+        self.backends: dict[str, InferenceBackend] = {}   # base-model sha256 -> backend (one load per model)
+        for name in names:
+            path = find_base_model(name, cfg.cache_dir)
+            self.backends.setdefault(base_model_sha256(path), build_backend(cfg.backend, path))
+        self.model_name = names[0]
+        self.sha256 = next(iter(self.backends))
+        self.backend = self.backends[self.sha256]
+        self.datasets = DatasetStore(default_cache_dir() / "datasets" if cfg.cache_dir is None else cfg.cache_dir / "datasets")
+        self.dataset_stats = DatasetFetchStats()
+        self.skipped: dict[str, str] = {}   # job id -> why this worker does not serve it
         self.sessions: dict[str, JobSession] = {}
-        self.finished: dict[str, dict] = {}
+        self.finished: dict[str, dict[str, Any]] = {}
         self._failed_trainers: dict[str, float] = {}   # trainer id -> monotonic time until it is skipped
         self.red_team = RedTeam(cfg.red_team) if cfg.red_team else None   # adversarial drill (local only)
-        self.retired: dict = {}   # job id -> what the metrics keep of a finished session
+        self.retired: dict[str, SimpleNamespace] = {}   # job id -> what the metrics keep of a finished session
         self.ops_urls: dict[str, str] = {}   # {"metrics": URL} once the metrics server runs
 
     def session(self, rec: VerifiedRecord) -> JobSession:
+        """The session of the record's job, opened on first use (a LoRA slot on the backend of the
+        job's base model)."""
         job_id = rec.record.job_id
         if job_id not in self.sessions:
             spec = JobSpec.from_json(rec.record.spec_json)
-            self.backend.add_slot(job_id, spec.lora)
+            backend = self.backends[rec.record.base_model_sha256.hex()]
+            backend.add_slot(job_id, spec.lora)
             self.sessions[job_id] = JobSession(
-                rec.record, identity=self.identity, backend=self.backend, max_prompts=self.cfg.max_prompts,
+                rec.record, identity=self.identity, backend=backend, max_prompts=self.cfg.max_prompts,
+                datasets=self.datasets, dataset_stats=self.dataset_stats,
                 max_message_mb=self.cfg.max_message_mb, grade_timeout_s=self.cfg.grade_timeout_s,
                 gossip=self.gossip, dht=self.dht if self.gossip is not None else None, max_gap=self.cfg.max_gap,
                 peer_wait_s=self.cfg.peer_wait_s)
@@ -108,7 +151,9 @@ class Worker:
         del self.sessions[rec.record.job_id]
         log.info("job %s done; holding final version %d", rec.record.job_id, session.replica.version)
 
-    def report(self) -> dict:
+    def report(self) -> dict[str, Any]:
+        """The worker's ready file: peer id, per job the adapter it holds (version, hash, trainer,
+        sync figures, bytes served to peers), skipped jobs, data-set sources."""
         adapters = {j: {"version": s.replica.version, "hash": s.replica.hash.hex(), "trainer": s.record.trainer_id,
                         "sync": s.sync.stats.report()} for j, s in list(self.sessions.items())}
         adapters.update(self.finished)
@@ -116,14 +161,32 @@ class Worker:
         for j, a in adapters.items():
             a["peer_upload_bytes"] = served.get(j, 0)
         out = {"peer_id": self.identity.peer_id, "adapters": adapters, "peer_upload_bytes": sum(served.values()),
-               **self.ops_urls}
+               "skipped_jobs": dict(self.skipped), "dataset_sources": dict(self.dataset_stats.sources),
+               "dataset_refused": dict(self.dataset_stats.refused), **self.ops_urls}
         if self.red_team is not None:
             out["red_team"] = self.red_team.report()
         return out
 
-    def tick(self, dht, stop: threading.Event) -> bool:
+    def runnable(self, records: list[VerifiedRecord]) -> list[VerifiedRecord]:
+        """The records of jobs whose task this worker runs; the others are skipped, with a reason logged once."""
+        out = []
+        for r in records:
+            job_id = r.record.job_id
+            if job_id not in self.skipped:
+                try:
+                    reason = cannot_run(JobSpec.from_json(r.record.spec_json), self.cfg.environments)
+                except ValueError as exc:
+                    reason = f"unreadable job spec: {exc}"
+                if reason:
+                    self.skipped[job_id] = reason
+                    log.warning("skipping job %s: %s", job_id, reason)
+            if not self.skipped.get(job_id):
+                out.append(r)
+        return out
+
+    def tick(self, dht: hivemind.DHT, stop: threading.Event) -> bool:
         """One pass over the known jobs. Returns False when there is nothing left to do."""
-        jobs = by_job(servable(find_jobs(dht), self.model_name, self.sha256))
+        jobs = by_job(self.runnable(servable(find_jobs(dht), set(self.backends))))
         live = []
         for job_id, records in jobs.items():
             rec = self.choose(records)
@@ -145,7 +208,7 @@ class Worker:
         backend loads it at the next lease), and keep this worker's holdings announced."""
         while not stop.wait(self.cfg.sync_poll_s * random.uniform(0.5, 1.5)):
             try:
-                jobs = by_job(servable(find_jobs(self.dht), self.model_name, self.sha256))
+                jobs = by_job(servable(find_jobs(self.dht), set(self.backends)))
                 for job_id, session in list(self.sessions.items()):
                     head = max((int(r.record.head_version) for r in jobs.get(job_id, [])), default=-1)
                     if session.replica.version < head:
@@ -163,7 +226,7 @@ class Worker:
             log.info("job %s lease %s v%d: %d/%d groups admitted", session.job_id, result.lease_id,
                      result.policy_version, result.admitted, result.groups)
 
-    def _guard(self, fn, rec: VerifiedRecord, stop: threading.Event, **kwargs) -> None:
+    def _guard(self, fn: Callable[..., object], rec: VerifiedRecord, stop: threading.Event, **kwargs: Any) -> None:
         try:
             fn(rec, **kwargs) if kwargs else fn(rec)
         except grpc.RpcError as exc:
@@ -171,11 +234,15 @@ class Worker:
                 self._failed_trainers[rec.trainer_id] = time.monotonic() + TRAINER_RETRY_S
             log.warning("job %s: trainer call failed (%s: %s); retrying", rec.record.job_id, exc.code(), exc.details())
             stop.wait(self.cfg.poll_s)
+        except DatasetUnavailable as exc:
+            log.warning("job %s: %s; retrying", rec.record.job_id, exc)
+            stop.wait(self.cfg.poll_s)
         except AdapterBehind as exc:
             log.info("job %s: %s; retrying", rec.record.job_id, exc)
             stop.wait(self.cfg.poll_s)
 
     def close(self) -> None:
+        """Close every open job session."""
         for s in self.sessions.values():
             s.close()
 

@@ -17,15 +17,17 @@ from dataclasses import dataclass
 import grpc
 import hivemind
 
-from swarmrl.node.grading import GradingPool
+from swarmrl.node.causal_lm import render_prompt
 from swarmrl.node.grpc_options import channel_options
 from swarmrl.node.inference.base import InferenceBackend, SampledCompletion, Sampling
-from swarmrl.node.models import encode_prompt
+from swarmrl.node.models import default_cache_dir
 from swarmrl.node.swarm.catchup import CatchUp
+from swarmrl.node.swarm.datasets import DatasetFetchStats, DatasetStore, fetch_dataset
 from swarmrl.node.swarm.gossip import GossipNode
+from swarmrl.node.tasks import grader_for
 from swarmrl.node.worker.stats import SessionStats
 from swarmrl.protocol import signing
-from swarmrl.protocol.envs import PromptSpec, get_environment
+from swarmrl.protocol.envs import PromptSpec, job_environment
 from swarmrl.protocol.identity import Identity, peer_id_from_public_key
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -57,19 +59,25 @@ class JobSession:
 
     def __init__(self, record: pb.JobRecord, *, identity: Identity, backend: InferenceBackend,
                  max_prompts: int, max_message_mb: int, grade_timeout_s: float, gossip: GossipNode | None = None,
-                 dht: hivemind.DHT | None = None, max_gap: int = MAX_GAP, peer_wait_s: float = 1.0) -> None:
+                 dht: hivemind.DHT | None = None, max_gap: int = MAX_GAP, peer_wait_s: float = 1.0,
+                 datasets: DatasetStore | None = None, dataset_stats: DatasetFetchStats | None = None) -> None:
         self.spec = JobSpec.from_json(record.spec_json)
         self.identity, self.backend, self.max_prompts = identity, backend, max_prompts
         self.max_message_mb = max_message_mb
-        self.env = get_environment(self.spec.environment, self.spec.env_version)
         self.record = record
         self.channel = grpc.insecure_channel(record.endpoint, options=channel_options(max_message_mb))
         self.stub = pb_grpc.TrainerStub(self.channel)
+        dataset = None
+        if self.spec.dataset is not None:   # by content address: cache, peers, then this trainer
+            dataset = fetch_dataset(self.spec.dataset, datasets or DatasetStore(default_cache_dir() / "datasets"),
+                                    trainer_fetch=lambda req: self.stub.FetchDataset(req, timeout=120),
+                                    gossip=gossip, dht=dht, stats=dataset_stats, trainer_name=record.trainer_id)
+        self.env = job_environment(self.spec, dataset)
         self.replica = AdapterReplica(record.job_id, bytes(record.trainer_public_key))
         self.sync = CatchUp(self.replica, trainer_fetch=lambda req: self.stub.FetchAdapter(req, timeout=120),
                             signers=self.signers, gossip=gossip, dht=dht, max_gap=max_gap, peer_wait_s=peer_wait_s)
         self.loaded_version = -1   # the version the backend generates with
-        self.grader = GradingPool(self.spec.environment, self.spec.env_version, timeout_s=grade_timeout_s)
+        self.grader = grader_for(self.spec, grade_timeout_s)
         self.stats = SessionStats()
 
     def signers(self) -> set[str]:
@@ -156,7 +164,7 @@ class JobSession:
         s = lease.sampling
         sampling = Sampling(n=s.n, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
                             stop=tuple(s.stop), seed=int.from_bytes(os.urandom(4), "little"))
-        prompt_ids = [encode_prompt(self.backend.tokenizer, p.text) for p in prompts]
+        prompt_ids = [render_prompt(self.backend.tokenizer, p, self.spec.chat_template) for p in prompts]
         t0 = time.monotonic()
         outs = self.backend.generate(prompt_ids, sampling, adapter=self.job_id)
         self.stats.generated(sum(map(len, outs)), sum(len(c.token_ids) for cs in outs for c in cs), time.monotonic() - t0)

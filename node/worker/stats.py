@@ -56,7 +56,8 @@ class SessionStats:
 def worker_metrics(worker: Worker) -> Iterator[Metric]:
     """The worker's metric families at scrape time, over its live and retired job sessions."""
     f = Families()
-    for job_id, s in {**worker.retired, **worker.sessions}.items():
+    sessions: dict[str, JobSession | SimpleNamespace] = {**worker.retired, **worker.sessions}
+    for job_id, s in sessions.items():
         session_families(f, job_id, s)
     yield from f
 
@@ -68,8 +69,9 @@ def retired(session: JobSession) -> SimpleNamespace:
                            sync=SimpleNamespace(stats=session.sync.stats, gossip=session.sync.gossip))
 
 
-def session_families(f: Families, job_id: str, session: JobSession) -> None:
-    """Add one job session's samples (tokens, rollouts, leases, catch-ups, version) to `f`."""
+def session_families(f: Families, job_id: str, session: JobSession | SimpleNamespace) -> None:
+    """Add one job session's samples (tokens, rollouts, leases, catch-ups, version) to `f`; a
+    finished job's session is its `retired` stand-in."""
     j, s = {"job_id": job_id}, session.stats
     f.counter(P + "generated_tokens_total", "completion tokens generated", j, s.tokens)
     f.counter(P + "generate_seconds_total", "wall time spent generating (tokens/s = rate of the two)", j,

@@ -37,6 +37,9 @@ class PromptSpec:
     index: int
     text: str
     info: dict[str, Any] = field(default_factory=dict)
+    messages: tuple[tuple[str, str], ...] = ()
+    """(role, content) chat turns of the same prompt, rendered with the tokenizer's chat template
+    when the job asks for it; empty: one user turn holding `text`."""
 
 
 class Environment(ABC):

@@ -66,19 +66,23 @@ class Job(_message.Message):
 
     SPEC_JSON_FIELD_NUMBER: _builtins.int
     CREATED_MS_FIELD_NUMBER: _builtins.int
+    DATASET_FIELD_NUMBER: _builtins.int
     spec_json: _builtins.str
     """canonical JSON of swarmrl.protocol.jobspec.JobSpec"""
     created_ms: _builtins.int
     """submitter's clock, unix milliseconds"""
+    dataset: _builtins.bytes
+    """a data-set job's file (its sha256 is in the spec); empty otherwise"""
     def __init__(
         self,
         *,
         spec_json: _builtins.str = ...,
         created_ms: _builtins.int = ...,
+        dataset: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_ms", b"created_ms", "spec_json", b"spec_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_ms", b"created_ms", "dataset", b"dataset", "spec_json", b"spec_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -70,6 +70,11 @@ class TrainerStub:
                 request_serializer=swarmrl_dot_v1_dot_swarm__pb2.Signed.SerializeToString,
                 response_deserializer=swarmrl_dot_v1_dot_swarm__pb2.VerdictAck.FromString,
                 _registered_method=True)
+        self.FetchDataset = channel.unary_stream(
+                '/swarmrl.v1.Trainer/FetchDataset',
+                request_serializer=swarmrl_dot_v1_dot_swarm__pb2.UpdateRequest.SerializeToString,
+                response_deserializer=swarmrl_dot_v1_dot_swarm__pb2.AdapterChunk.FromString,
+                _registered_method=True)
 
 
 class TrainerServicer:
@@ -122,6 +127,13 @@ class TrainerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchDataset(self, request, context):
+        """A data-set file by content address (UpdateRequest.payload_sha256): data-only chunks, verified by the caller.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -159,6 +171,11 @@ def add_TrainerServicer_to_server(servicer, server):
                     servicer.ReportVerdicts,
                     request_deserializer=swarmrl_dot_v1_dot_swarm__pb2.Signed.FromString,
                     response_serializer=swarmrl_dot_v1_dot_swarm__pb2.VerdictAck.SerializeToString,
+            ),
+            'FetchDataset': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchDataset,
+                    request_deserializer=swarmrl_dot_v1_dot_swarm__pb2.UpdateRequest.FromString,
+                    response_serializer=swarmrl_dot_v1_dot_swarm__pb2.AdapterChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -351,6 +368,33 @@ class Trainer:
             '/swarmrl.v1.Trainer/ReportVerdicts',
             swarmrl_dot_v1_dot_swarm__pb2.Signed.SerializeToString,
             swarmrl_dot_v1_dot_swarm__pb2.VerdictAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchDataset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/swarmrl.v1.Trainer/FetchDataset',
+            swarmrl_dot_v1_dot_swarm__pb2.UpdateRequest.SerializeToString,
+            swarmrl_dot_v1_dot_swarm__pb2.AdapterChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -26,7 +26,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 12
+STEPS = 60   # more than the test needs: every role must still be serving at the last assertion (teardown stops it)
 CHROMIUM = os.environ.get("SWARMRL_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
 
@@ -134,4 +134,4 @@ def test_dashboard_in_a_browser(swarm) -> None:
                                        timeout=300_000)
         finally:
             browser.close()
-    assert proc.wait(600) == 0
+    assert proc.poll() in (None, 0), f"swarmrl up failed ({proc.returncode})"

@@ -164,7 +164,7 @@ def test_a_starting_worker_ends_on_a_signal(roles, sig):
 
 
 @pytest.mark.parametrize(("overrides", "peers", "needle", "exit_code"), [
-    (["base_model=\"nosuch/model\""], None, "unknown base model 'nosuch/model'", 2),   # the person's input
+    (["base_model=\"nosuch/model\""], None, "base model 'nosuch/model': not a built-in model", 2),   # the person's input
     (["base_model=\"tiny\""], [UNREACHABLE], "could not reach any initial peer", 1),    # the network
 ], ids=["unknown-model", "unreachable-peers"])
 def test_a_failed_start_is_one_line_and_exits_at_once(roles, overrides, peers, needle, exit_code):

@@ -13,7 +13,8 @@ import pytest
 import torch
 from peft import PeftModel
 
-from swarmrl.node.models import load_causal_lm, prepare_base_model
+from swarmrl.node.causal_lm import load_causal_lm
+from swarmrl.node.models import prepare_base_model
 
 pytestmark = pytest.mark.integration
 STEPS = 4

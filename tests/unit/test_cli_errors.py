@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmrl.node import cli
+from swarmrl.node import cli, cli_checks, cli_status
 from swarmrl.node import config as cfgmod
 
 HEAVY = ("torch", "transformers", "hivemind", "peft")
@@ -146,7 +146,7 @@ def test_every_option_has_help_and_shows_its_default():
 
 def test_up_flag_and_job_override_combine_by_the_documented_rule():
     def fields(*argv):
-        return cli._up_job_fields(cli.build_parser().parse_args(["up", *argv]))
+        return cli_checks.up_job_fields(cli.build_parser().parse_args(["up", *argv]))
 
     assert fields("-j", "max_async_level=0") == ({}, {"max_async_level": 0})
     assert fields("--seed", "3", "-j", "steps=4") == ({}, {"seed": 3, "steps": 4})
@@ -155,10 +155,10 @@ def test_up_flag_and_job_override_combine_by_the_documented_rule():
 
 
 def test_up_with_a_job_override_of_a_flag_field_builds_the_job(tmp_path, model_cache, monkeypatch):
-    from swarmrl.node import local
+    from swarmrl.node import up
 
     built = {}
-    monkeypatch.setattr(local, "_drive", lambda swarm, spec, opts, work: built.setdefault("spec", spec))
+    monkeypatch.setattr(up, "_drive", lambda swarm, spec, opts, work, dataset: built.setdefault("spec", spec))
     argv = ["up", "--model", "tiny", "--out", str(tmp_path), "--cache-dir", str(model_cache), "-j", "max_async_level=0",
             "--loss", "gspo", "-j", "loss.eps_low=0.1"]
     assert cli.main(argv) == 0
@@ -184,15 +184,15 @@ def test_status_json_prints_hashes_in_hex():
     from swarmrl.protocol.pb import swarm_pb2 as pb
 
     st = pb.JobStatus(job_id="j", adapter_hash=bytes(range(32)), peers=[pb.PeerInfo(peer_id="p")])
-    d = cli.message_dict(st)
+    d = cli_status.message_dict(st)
     assert d["adapterHash"] == bytes(range(32)).hex() and d["peers"] == [{"peerId": "p"}]
     json.dumps(d)
 
 
 def test_light_name_tables_match_the_heavy_ones():
-    from swarmrl.node import models
+    from swarmrl.node import model_recipes
     from swarmrl.node.worker import red_team
 
-    assert set(cfgmod.BASE_MODEL_NAMES) == set(models._ALIASES)
+    assert set(cfgmod.BASE_MODEL_NAMES) == set(model_recipes.ALIASES)
     assert cfgmod.RED_TEAM_MODES == red_team.MODES
-    assert cli.GEMMA_PACKAGE == models._GEMMA_PACKAGE
+    assert cli_checks.GEMMA_PACKAGE == model_recipes.GEMMA_PACKAGE

@@ -12,19 +12,10 @@ import peft
 import pytest
 import torch
 
-from swarmrl.node import models
-from swarmrl.node.models import (
-    GEMMA,
-    TINY,
-    base_model_sha256,
-    default_cache_dir,
-    encode_prompt,
-    load_causal_lm,
-    lora_config,
-    prepare_base_model,
-    resolve_model_name,
-    vocab_size,
-)
+from swarmrl.node import model_recipes, models
+from swarmrl.node.causal_lm import encode_prompt, load_causal_lm, lora_config, vocab_size
+from swarmrl.node.model_recipes import GEMMA, TINY
+from swarmrl.node.models import base_model_sha256, default_cache_dir, prepare_base_model, resolve_model_name
 
 torch.set_num_threads(1)
 
@@ -95,7 +86,7 @@ def test_crash_leaves_no_half_folder(tmp_path: Path, monkeypatch: pytest.MonkeyP
         (folder / "model.safetensors").write_bytes(b"half")
         raise OSError("disk full")
 
-    monkeypatch.setitem(models._BUILDERS, TINY, crash)
+    monkeypatch.setitem(model_recipes.BUILDERS, TINY, crash)
     with pytest.raises(OSError, match="disk full"):
         prepare_base_model(TINY, tmp_path)
     assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []

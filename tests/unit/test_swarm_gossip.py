@@ -154,3 +154,35 @@ def test_forged_holder_records_are_dropped(nodes):
     assert dht_a.store(holders_key(JOB), envelope.SerializeToString(), expiration_time=get_dht_time() + 30,
                        subkey=someone.peer_id)
     assert (99, False) not in find_holders(dht_b, JOB)
+
+
+def test_data_set_travels_peer_to_peer_and_a_lying_holder_is_refused(nodes, tmp_path):
+    """A data-set file by content address: a peer that holds it serves it over libp2p (the trainer
+    is not asked); a holder serving other bytes is refused chunk by chunk and counted."""
+    import hashlib
+    import json
+
+    from swarmrl.node.swarm.datasets import DatasetFetchStats, DatasetStore, fetch_dataset
+    from swarmrl.protocol.envs.dataset import DatasetTask, chunk_hashes
+
+    dhts, gossips = nodes
+    data = "".join(json.dumps({"q": f"{i}+1", "a": str(i + 1)}) + "\n" for i in range(2000)).encode() * 30
+    task = DatasetTask(dataset="t.jsonl", dataset_sha256=hashlib.sha256(data).hexdigest(), dataset_size=len(data),
+                       dataset_chunks=chunk_hashes(data), prompt_field="q", answer_field="a",
+                       rewards=[{"name": "exact_match"}])
+    assert len(task.dataset_chunks) >= 2
+    liar = gossips[2]
+    liar.datasets[task.dataset_sha256] = data[::-1]            # serves other bytes under the address
+    liar._announce_dataset(task.dataset_sha256)
+    gossips[0].hold_dataset(task.dataset_sha256, data)
+    asked = []
+    stats = DatasetFetchStats()
+    got = None
+    for _ in range(5):   # the holder order is random: fetch until the honest holder has answered
+        got = fetch_dataset(task, DatasetStore(tmp_path / f"c{len(asked)}"), trainer_fetch=lambda r: asked.append(r) or iter(()),
+                            gossip=gossips[1], dht=dhts[1], stats=stats)
+        if stats.refused:
+            break
+    assert got == data and not asked and stats.sources["peer"] >= 1
+    assert sum(stats.refused.values()) in (0, 1)
+    assert gossips[1].datasets[task.dataset_sha256] == data    # now served by the fetcher too

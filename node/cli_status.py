@@ -1,0 +1,50 @@
+"""`swarmrl status`'s output: a job's status as tables (rich) or as JSON with hashes in hex."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
+
+    from swarmrl.protocol.pb import swarm_pb2 as pb
+
+
+def message_dict(msg: Message) -> dict[str, Any]:
+    """A protobuf message as JSON-ready data, like `MessageToDict` but with bytes fields in hex (as
+    `fetch` and summary.json print hashes) instead of base64."""
+    from google.protobuf.json_format import MessageToDict
+
+    out = MessageToDict(msg)
+    for field, value in msg.ListFields():
+        if field.type == field.TYPE_BYTES:
+            out[field.json_name] = [v.hex() for v in value] if field.is_repeated else value.hex()
+        elif (field.type == field.TYPE_MESSAGE and field.message_type is not None
+              and not field.message_type.GetOptions().map_entry):
+            out[field.json_name] = [message_dict(v) for v in value] if field.is_repeated else message_dict(value)
+    return out
+
+
+def print_status(st: pb.JobStatus) -> None:
+    """Print a job's status to stdout: one line of totals, then its recent steps and its peers
+    (admitted, trained, rejected, verdicts, strikes, reputation, ban) as tables."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"job {st.job_id}: {st.state}, step {st.step}/{st.total_steps}, version {st.policy_version}, "
+                  f"admitted {st.groups_admitted}, dropped {st.groups_dropped}, rejected {dict(st.groups_rejected)}, "
+                  f"validator checked {st.validator_checked} failed {st.validator_failed}, "
+                  f"on probation {st.groups_on_probation}")
+    steps = Table("step", "reward", "loss", "staleness", "trained", "rejected", "seconds", title="recent steps")
+    for h in st.history:
+        steps.add_row(str(h.step), f"{h.reward_mean:.3f}", f"{h.loss:.4f}", f"{h.staleness_mean:.2f}",
+                      str(h.groups_trained), str(h.groups_rejected), f"{h.seconds:.1f}")
+    console.print(steps)
+    peers = Table("peer", "admitted", "trained", "rejected", "verdicts (failed)", "strikes", "reputation", "banned",
+                  title=f"peers (groups dropped by bans: {st.groups_dropped_banned})")
+    for p in st.peers:
+        peers.add_row(p.peer_id, str(p.groups_admitted), str(p.groups_trained), str(p.groups_rejected),
+                      f"{p.verdicts_checked} ({p.verdicts_failed})", str(p.strikes), f"{p.reputation:.2f}",
+                      p.ban_reason if p.banned else "")
+    console.print(peers)
