@@ -31,7 +31,7 @@ def build_backend(
     attaches to the operator's server at `vllm_url`; without vLLM's environment and without a URL
     it falls back to "hf" with a warning.
     Raises ValueError on an unknown backend kind or a model vLLM can't run; see
-    `vllm.start_vllm_backend` for the vLLM server's errors.
+    `vllm_start.start_vllm_backend` for the vLLM server's errors.
     """
     if kind == "vllm":
         from swarmrl.node.inference.vllm_server import vllm_python
@@ -41,7 +41,7 @@ def build_backend(
                         "to the transformers backend (run scripts/vllm_env.sh to set vLLM up)")
             kind = "hf"
         else:
-            from swarmrl.node.inference.vllm import start_vllm_backend
+            from swarmrl.node.inference.vllm_start import start_vllm_backend
 
             return start_vllm_backend(model_path, url=vllm_url, log_path=vllm_log)
     if kind == "hf":

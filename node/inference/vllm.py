@@ -45,11 +45,12 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from swarmrl.node.causal_lm import lora_config as make_lora_config
+from swarmrl.node.causal_lm import with_lora
 from swarmrl.node.inference.base import FinishReason, InferenceBackend, LoraShape, SampledCompletion, Sampling
 from swarmrl.node.inference.hf import _first_stop
 from swarmrl.node.inference.vllm_server import LOGPROBS_MODE, VLLMServer, VLLMServerError
-from swarmrl.node.models import lora_config as make_lora_config
-from swarmrl.node.models import read_manifest, with_lora
+from swarmrl.node.models import read_manifest
 from swarmrl.protocol.adapter import adapter_hash
 from swarmrl.protocol.grpo.logprob_convention import from_engine
 
@@ -103,7 +104,7 @@ class VLLMBackend(InferenceBackend):
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.pad_token_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
             else min(self.eos_token_ids)
-        self.dtype = getattr(torch, _serving_dtype(self.model_path, self.hf_config))
+        self.dtype = getattr(torch, serving_dtype(self.model_path, self.hf_config))
         self._meta_model: nn.Module | None = None
         self.vocab_size = _vocab_size(self._meta())
         self._slots: dict[str, _Slot] = {}
@@ -427,50 +428,7 @@ def _vocab_size(meta_model: nn.Module) -> int:
     head = cast(Any, meta_model).get_output_embeddings()
     return min(rows, int(head.out_features)) if head is not None else rows
 
-
-def start_vllm_backend(
-    model_path: Path, *, url: str | None = None, log_path: Path | None = None, max_jobs: int = 2,
-    versions_per_slot: int = 2, max_lora_rank: int = 16, lora_config: peft.LoraConfig | None = None,
-    start_timeout_s: float | None = None, extra_args: tuple[str, ...] = (),
-) -> VLLMBackend:
-    """A `VLLMBackend` on the prepared model at `model_path`: attached to the operator's server at
-    `url`, else on a server started now as this process's child (log at `log_path`, default a
-    temporary file), sized for `max_jobs` jobs of `versions_per_slot` versions, adapters up to
-    rank `max_lora_rank`, in the manifest's dtype (bf16 Gemma, fp32 tiny).
-
-    Raises VLLMUnavailable without vLLM's environment, ValueError for a model vLLM's CPU build
-    can't run (head size) on a machine without a GPU, VLLMServerError if the server doesn't start
-    within `start_timeout_s` (default `vllm_server.START_TIMEOUT_S`).
-    """
-    from swarmrl.node.inference import DEFAULT_LORA_ALPHA, DEFAULT_LORA_RANK
-    from swarmrl.node.inference.vllm_server import START_TIMEOUT_S, ServerSpec
-    from swarmrl.node.inference.vllm_tiny import VLLM_CPU_HEAD_SIZES
-
-    model_path = Path(model_path)
-    config = lora_config or make_lora_config(DEFAULT_LORA_RANK, DEFAULT_LORA_ALPHA)
-    if url is not None:
-        server = VLLMServer.attach(url)
-    else:
-        hf_config = AutoConfig.from_pretrained(model_path)
-        head = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-        if head not in VLLM_CPU_HEAD_SIZES and not shutil.which("nvidia-smi"):
-            raise ValueError(f"vLLM's CPU build can't run {model_path.name} (head size {head}; it supports "
-                             f"{VLLM_CPU_HEAD_SIZES}); use backend 'hf' for this model")
-        dtype = _serving_dtype(model_path, hf_config)
-        spec = ServerSpec(model_path=model_path, dtype=dtype, max_lora_rank=max_lora_rank, max_loras=max_jobs + 1,
-                          max_cpu_loras=max_jobs * versions_per_slot + 1,   # + the base model's zero adapter
-                          max_model_len=min(2048, int(getattr(hf_config, "max_position_embeddings", 2048))),
-                          extra_args=extra_args)
-        log_path = log_path or Path(tempfile.mkdtemp(prefix="swarmrl-vllm-")) / "server.log"
-        server = VLLMServer.start(spec, log_path, timeout_s=start_timeout_s or START_TIMEOUT_S)
-    try:
-        return VLLMBackend(server, model_path, config, versions_per_slot=versions_per_slot)
-    except BaseException:
-        server.close()
-        raise
-
-
-def _serving_dtype(model_path: Path, hf_config: Any) -> str:
+def serving_dtype(model_path: Path, hf_config: Any) -> str:
     """The dtype both backends load the model in: the manifest's (bf16 Gemma, fp32 tiny), else the
     config's, else float32 (vLLM's "auto" would serve an fp32 checkpoint in bf16)."""
     name = read_manifest(model_path).get("default_dtype")

@@ -14,13 +14,14 @@ import time
 import pytest
 import torch
 
+from swarmrl.node.causal_lm import encode_prompt, load_causal_lm, lora_config
 from swarmrl.node.inference import Sampling
 from swarmrl.node.inference.hf import HFBackend, _first_stop
 from swarmrl.node.inference.scoring import completion_logprobs
-from swarmrl.node.inference.vllm import VLLMBackend, start_vllm_backend
+from swarmrl.node.inference.vllm import VLLMBackend
 from swarmrl.node.inference.vllm_server import ServerSpec, VLLMServer, VLLMServerError, vllm_python
+from swarmrl.node.inference.vllm_start import start_vllm_backend
 from swarmrl.node.inference.vllm_tiny import build_tiny_vllm_model
-from swarmrl.node.models import encode_prompt, load_causal_lm, lora_config
 from swarmrl.node.procs import alive, descendants
 from swarmrl.protocol.grpo.logprob_convention import ConventionError
 
