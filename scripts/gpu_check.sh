@@ -6,8 +6,9 @@
 #    (fails below MIN_LORA_RATIO), adapter hot-swap latency
 # 3. cross-engine log-prob gap: vLLM-sampled rollouts re-scored by the validator's transformers
 #    prefill (fails on any false positive)
-# 4. a short local swarm with vLLM workers (`swarmrl up --backend vllm`), tokens/s per worker from
-#    its summary (fails if the run fails or an honest worker is banned)
+# 4. a short local swarm with vLLM workers (`swarmrl up --backend vllm`): reward first/last steps
+#    (fails if the run fails or an honest worker is banned); per-worker tok/s is each worker's
+#    swarmrl_worker_tokens_per_second metric (step 2 measures one worker's engine alone)
 # Exits non-zero at the first failed check; prints every figure it measured.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,16 +35,13 @@ $PY benchmarks/vllm_logprob_gap.py --model gemma --rollouts 512 --hf-threads "$(
 grep -q "vLLM-sampled: .* false positives 0," "$OUT/gap.txt" || { echo "FAIL: false positives" >&2; exit 1; }
 
 echo "== local swarm with vLLM workers"
-$PY -m swarmrl.node.cli up --backend vllm --steps "$STEPS" --out "$OUT/swarm" | tee "$OUT/swarm.txt"
+$PY -m swarmrl.node.cli up --backend vllm --red-team all --steps "$STEPS" --out "$OUT/swarm" | tee "$OUT/swarm.txt"
 $PY - "$OUT/swarm" <<'PYEOF'
 import json, sys
 from pathlib import Path
-out = Path(sys.argv[1])
-summary = json.loads((out / "summary.json").read_text())
-for w in summary.get("workers", []):
-    print(f"worker {w.get('peer_id', '?')[:12]}: {w.get('tokens_per_s', float('nan')):.1f} tok/s")
-banned = summary.get("honest_banned", 0)
-print("honest_banned", banned)
-sys.exit(1 if banned else 0)
+summary = json.loads((Path(sys.argv[1]) / "summary.json").read_text())
+for key in ("steps", "seconds", "reward_first", "reward_last", "honest_banned"):
+    print(f"{key}: {summary.get(key)}")
+sys.exit(1 if summary.get("honest_banned", 0) else 0)
 PYEOF
 echo "gpu_check: all checks passed"
