@@ -114,6 +114,7 @@ class VLLMBackend(InferenceBackend):
         self._lock = threading.RLock()
         self._pool = ThreadPoolExecutor(MAX_CONCURRENT_REQUESTS, thread_name_prefix="vllm-request")
         self.load_seconds: list[float] = []   # seconds per adapter load (write + server load)
+        self._closed = False
         with self._lock:
             self._create_slot(BASE_SLOT, self.lora_config, zero=True)
 
@@ -355,8 +356,18 @@ class VLLMBackend(InferenceBackend):
         yield  # pragma: no cover - makes this a generator
 
     def close(self) -> None:
-        """End the server (if this process started it) and delete the adapter folders."""
+        """Unload this backend's adapters from an operator's server, or end the server this
+        process started; delete the adapter folders. Calling it again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.server.proc is None:
+            with self._lock:
+                for name, slot in list(self._slots.items()):
+                    del self._slots[name]
+                    for version in slot.loaded:
+                        self._release(version, name)
         self.server.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 

