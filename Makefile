@@ -2,12 +2,14 @@
 #   make up     run the main job: a whole local swarm on 127.0.0.1 training Gemma 3 270M
 #   make test   run the test suite (what .ci/run calls)
 # Pass options to `swarmrl up` with ARGS, e.g. make up ARGS="--model tiny --steps 5 --out runs/tiny"
+# vLLM lives in its own environment, .venv-vllm (scripts/vllm_env.sh, ~90 s once): `make test`
+# makes it (its tests skip, saying why, if it can't be made), `make up ARGS="--backend vllm"` too.
 
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: up test venv lint proto clean
+.PHONY: up test venv vllm-env lint proto clean
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -17,10 +19,15 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+vllm-env:
+	PYTHON=$(PYTHON) bash scripts/vllm_env.sh
+
 up: $(STAMP)
+	@case " $(ARGS) " in *"--backend vllm"*|*"--backend=vllm"*) PYTHON=$(PYTHON) bash scripts/vllm_env.sh ;; esac
 	$(VENV)/bin/swarmrl up $(ARGS)
 
 test: $(STAMP)
+	PYTHON=$(PYTHON) bash scripts/vllm_env.sh || echo "make test: vLLM's environment could not be made; its tests will skip" >&2
 	bash scripts/run_tests.sh $(ARGS)
 
 lint: $(STAMP)

@@ -180,6 +180,8 @@ def _up_parser(sub: SubParsers) -> None:
                          "else gemma")
     up.add_argument("--steps", type=int_at_least(1), help="job steps (default: the built-in job's)")
     up.add_argument("--workers", type=int_at_least(1), default=2, help="honest workers")
+    up.add_argument("--backend", choices=["hf", "vllm"], default="hf",
+                    help="honest workers' inference backend (vllm: its server in .venv-vllm; default: hf)")
     up.add_argument("--trainers", type=int_at_least(1), default=1, help="trainers serving the job (they average gradients)")
     up.add_argument("--out", type=Path, default=Path("runs/latest"), help="output folder (adapter, metrics, summary)")
     up.add_argument("--loss", choices=["grpo", "dapo", "dr_grpo", "gspo", "cispo"],
@@ -321,7 +323,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     opts = UpOptions(out=args.out, model=args.model, workers=args.workers, trainers=args.trainers,
                      cache_dir=args.cache_dir, threads=threads, timeout_s=args.timeout, red_team=red_team,
-                     job_overrides=job, job_file=args.job_file, **flags)
+                     job_overrides=job, job_file=args.job_file,
+                     worker_overrides=[f"backend={json.dumps(args.backend)}"], **flags)
     if args.job_file is None and opts.model is None:
         opts.model = "gemma"
     run_up(opts)

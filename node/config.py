@@ -134,7 +134,8 @@ class WorkerConfig(_Config):
     # installed environments (entry points, `swarmrl env list`) this worker runs; data-set jobs
     # need none (they run only built-in rewards)
     environments: list[str] = ["arithmetic"]
-    backend: Literal["hf", "vllm"] = "hf"   # "hf" (transformers + peft) or "vllm"
+    backend: Literal["hf", "vllm"] = "hf"   # "hf" (transformers + peft) or "vllm" (node/inference/vllm.py)
+    vllm_url: str | None = None          # backend "vllm": an operator's running vLLM server; None = start one
     threads: int = Field(1, ge=1)
     max_prompts: int = Field(4, ge=1)    # prompts asked per lease
     max_message_mb: int = Field(64, ge=1)

