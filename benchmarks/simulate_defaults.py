@@ -1,6 +1,7 @@
 """The product's gossip and lease defaults against the alternatives, on the simulator.
 
     .venv/bin/python benchmarks/simulate_defaults.py [--seeds 2] [--workers 1000] [--scenarios calm,high-churn]
+        [--variants defaults|peer-attempts]
 
 For each scenario (simulations/scenarios/NAME.toml, 1 simulated hour) and each variant, the mean
 over seeds of: reach-95% time (p50 over versions, s), the trainers' share of the delta bytes
@@ -15,6 +16,11 @@ counts pending groups up to BACKLOG_BATCHES = 2). The variants:
   waiting worker asks that one holder: most time out after 30 s and go to the trainer);
 - open leases xB: the backlog rule counts the unanswered prompts of open leases as well as the
   pending groups (`leases.backlog_full`), refusing past B batches.
+
+All of these ask every announced holder of an update before the trainer (max_peer_attempts = 0,
+the rule before issue 13). `--variants peer-attempts` compares that rule with at most N peer
+fetches per update before the trainer (worker config `max_peer_attempts`,
+`protocol/delta_sources.MAX_PEER_ATTEMPTS`), the other settings as "before".
 """
 
 from __future__ import annotations
@@ -30,8 +36,8 @@ from swarmrl.simulations.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "simulations" / "scenarios"
 
-BEFORE = {"gossip": {"peer_wait_s": 1.0, "wait_whole": False}, "job": {"backlog_counts_open": False,
-                                                                       "backlog_batches": 2}}
+BEFORE = {"gossip": {"peer_wait_s": 1.0, "wait_whole": False, "max_peer_attempts": 0},
+          "job": {"backlog_counts_open": False, "backlog_batches": 2}}
 
 
 def variant(gossip: dict[str, Any] | None = None, job: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -46,6 +52,13 @@ VARIANTS: list[tuple[str, dict[str, Any]]] = [
     *[(f"open leases x{b}", variant(job={"backlog_counts_open": True, "backlog_batches": b})) for b in (2, 4)],
 ]
 
+PEER_ATTEMPTS: list[tuple[str, dict[str, Any]]] = [
+    ("every holder (before)", variant()),
+    *[(f"max_peer_attempts={n}", variant({"max_peer_attempts": n})) for n in (1, 2, 3, 4, 8, 16)],
+]
+
+VARIANT_SETS = {"defaults": VARIANTS, "peer-attempts": PEER_ATTEMPTS}
+
 
 def figures(s: dict[str, Any]) -> dict[str, float]:
     """The compared figures of one run's summary (reach_95_s: p50 over versions, s)."""
@@ -59,10 +72,11 @@ def figures(s: dict[str, Any]) -> dict[str, float]:
             "failed_per_version": sum(s["fetches_failed"].values()) / max(1, s["versions"])}
 
 
-def run_variant(scenario: str, workers: int, seeds: int, top: dict[str, Any]) -> dict[str, float]:
-    """Mean figures of `scenario` at `workers` workers with `top` overrides over `seeds` seeds."""
+def run_variant(scenario: str, workers: int, seeds: int, top: dict[str, Any], first_seed: int = 0) -> dict[str, float]:
+    """Mean figures of `scenario` at `workers` workers with `top` overrides over `seeds` seeds
+    (first_seed, first_seed + 1, ...)."""
     rows = []
-    for seed in range(seeds):
+    for seed in range(first_seed, first_seed + seeds):
         over = {**top, "workers": workers, "seed": seed}
         sc = load_scenario(SCENARIOS / f"{scenario}.toml", over)
         if sc.churn.joins_per_hour:
@@ -75,18 +89,23 @@ def run_variant(scenario: str, workers: int, seeds: int, top: dict[str, Any]) ->
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--first-seed", type=int, default=0)
     ap.add_argument("--workers", type=int, default=1000)
     ap.add_argument("--scenarios", default="calm,high-churn")
+    ap.add_argument("--variants", choices=sorted(VARIANT_SETS), default="defaults")
+    ap.add_argument("--only", default="", help="comma-separated variant names of the set to run (default: all)")
     args = ap.parse_args()
+    variants = [(n, v) for n, v in VARIANT_SETS[args.variants] if not args.only or n in args.only.split(",")]
     for scenario in args.scenarios.split(","):
-        print(f"\n{scenario}, {args.workers} workers, 1 simulated hour, mean of {args.seeds} seeds")
+        print(f"\n{scenario}, {args.workers} workers, 1 simulated hour, mean of {args.seeds} seeds "
+              f"from {args.first_seed}")
         print("| variant | reach-95% p50 s | x default | trainer upload share | stale share | groups trained/h "
               "| x default | versions/h | failed fetches/version | wall s |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         base: dict[str, float] = {}
-        for name, top in VARIANTS:
+        for name, top in variants:
             t0 = time.monotonic()
-            f = run_variant(scenario, args.workers, args.seeds, top)
+            f = run_variant(scenario, args.workers, args.seeds, top, args.first_seed)
             base = base or f
             print(f"| {name} | {f['reach_95_s']:.0f} | {f['reach_95_s'] / base['reach_95_s']:.2f} "
                   f"| {f['trainer_share']:.3f} | {f['stale_share']:.3f} | {f['trained_per_h']:,.0f} "

@@ -19,6 +19,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from swarmrl.protocol.delta_sources import MAX_PEER_ATTEMPTS
 from swarmrl.protocol.red_team_modes import MODES
 
 C = TypeVar("C", bound=BaseModel)
@@ -148,6 +149,7 @@ class WorkerConfig(_Config):
     gossip: bool = True                  # fetch adapter updates from peers and serve them (False: trainer only)
     max_gap: int = Field(8, ge=1)        # versions behind past which one snapshot replaces the delta chain
     peer_wait_s: float = Field(1.0, ge=0)   # wait up to this long for a peer to hold a fresh delta
+    max_peer_attempts: int = Field(MAX_PEER_ATTEMPTS, ge=0)   # peers asked per update, then the trainer (0: all)
     sync_poll_s: float = Field(0.5, gt=0)   # how often to look for a newer version to prefetch
     keep_deltas: int = Field(16, ge=1)   # newest deltas kept (and served) per job
     linger_s: float = Field(2.0, ge=0)   # with exit_when_done: keep serving this long after the last job

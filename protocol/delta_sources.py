@@ -4,8 +4,9 @@ The swarm layer (`node/swarm/catchup.py`) and the simulator (`simulations/gossip
 it: more than `max_gap` versions behind (or holding nothing) take one snapshot, else deltas one
 version at a time; ask the peers that announce the update (not ourselves, not peers dropped for
 sending something that did not verify, only updates signed by a trainer we accept) in random
-order; when none announces it yet, wait a random share of `peer_wait_s` for one to appear, then
-fall back to the trainer.
+order, at most `max_peer_attempts` of them per update and catch-up (worker config; 0, the
+default `MAX_PEER_ATTEMPTS`: all of them); when none announces it yet, wait a random share of
+`peer_wait_s` for one to appear; then fall back to the trainer.
 """
 
 from __future__ import annotations
@@ -34,6 +35,18 @@ class HolderLike(Protocol):
 
 H = TypeVar("H", bound=HolderLike)
 
+MAX_PEER_ATTEMPTS = 0
+"""Peers asked for one update in one catch-up before the trainer; 0: every announced holder (the
+worker config's `max_peer_attempts` default). Each failed peer fetch can cost its 30 s timeout
+(`GossipNode.fetch`), so a worker no peer can serve in time asks every holder before the trainer.
+Kept unbounded by measurement (issue 13; simulations/README.md "Peer attempts",
+`benchmarks/simulate_defaults.py --variants peer-attempts`, 1,000 workers, 1 simulated hour): a
+bound of 2 or more changed nothing in calm and high-churn, and in slow-region every bound tried
+(1-16) was slower or collapsed on most seeds (reach-95% p50 199-239 s unbounded, 284-505 s at 2):
+the failed peer fetches there are many workers failing once or twice with holders whose slow
+uplinks can't send a delta in 30 s, not a few workers asking hundreds of holders (at most 17 peer
+fetches per worker and version), and a bound sends them to the trainers, the bottleneck."""
+
 
 def needs_snapshot(have: int, want: int, max_gap: int) -> bool:
     """True when a replica at version `have` (-1: nothing) should take a snapshot to reach `want`."""
@@ -47,11 +60,22 @@ def candidates(holders: Iterable[H], *, me: str, dropped: Container[str], signer
     return [h for h in holders if h.holder_id != me and h.holder_id not in dropped and h.signer in signers]
 
 
-def ask_order(found: list[H], rng: random.Random) -> list[H]:
-    """The order to ask candidates in: uniformly random (spreads a fresh version's load over its
-    holders). Shuffles `found` in place and returns it; its first element is a uniform draw."""
+def ask_order(found: list[H], rng: random.Random, limit: int | None = None) -> list[H]:
+    """The candidates to ask, in order: uniformly random (spreads a fresh version's load over its
+    holders), at most `limit` of them (None: all). Shuffles `found` in place and returns its first
+    `limit` elements; the first is a uniform draw."""
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
     rng.shuffle(found)
-    return found
+    return found if limit is None else found[:limit]
+
+
+def attempts_left(max_attempts: int, asked: int) -> int | None:
+    """Peer fetches still allowed for an update after `asked` of them, for `ask_order`'s `limit`
+    (`max_attempts` 0: no bound, None)."""
+    if max_attempts < 0:
+        raise ValueError(f"max_peer_attempts must be >= 0, got {max_attempts}")
+    return None if max_attempts == 0 else max(0, max_attempts - asked)
 
 
 def holder_wait_s(peer_wait_s: float, rng: random.Random) -> float:

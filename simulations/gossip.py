@@ -2,14 +2,15 @@
 
 The rule is the product's (`protocol/delta_sources.py`): a joining worker takes one snapshot
 (from a peer holding one within `max_gap`, else its trainer) and deltas from there; a running
-worker notices a new version at its next sync poll and asks the announced holders in random order,
-waiting a random share of `peer_wait_s` for one to appear before it asks the trainer. Peers behind
+worker notices a new version at its next sync poll and asks the announced holders in random order
+(at most `max_peer_attempts` of them per update and catch-up), waiting a random share of
+`peer_wait_s` for one to appear before it asks the trainer. Peers behind
 NAT accept no inbound stream, so they never announce and are never a source.
 
 Fetches fail as the product's do (network.fetch): a peer fetch after PEER_FETCH_TIMEOUT_S or when
 the holder leaves mid-transfer, and the worker asks the next holder it has not failed with (else
-waits for one, else the trainer); a trainer fetch after TRAINER_FETCH_TIMEOUT_S or when the trainer
-is gone, and the worker tries again, peers first, at its next sync poll. A worker whose trainer
+waits for one, else the trainer; past `max_peer_attempts` peer fetches, the trainer at once); a
+trainer fetch after TRAINER_FETCH_TIMEOUT_S or when the trainer is gone, and the worker tries again, peers first, at its next sync poll. A worker whose trainer
 died asks another trainer once it has moved (`reconnect_s` later).
 
 Granularity: a version's spread over all live workers is computed when it is published, in order
@@ -90,6 +91,7 @@ class DeltaSpread:
         self.queue_s_max = {"peer": 0.0, "trainer": 0.0}     # longest uplink backlog a fetch left behind (s)
         self._served = 0                                     # trainer fetches of the version being spread
         self.sources_chosen: list[Worker] = []               # peers ever chosen as a source (tests read it)
+        self.limit = cfg.max_peer_attempts                   # peer fetches per update and catch-up (0: all)
 
     # ---- queries
     def held_at(self, w: Worker, version: int) -> float:
@@ -100,15 +102,19 @@ class DeltaSpread:
         return got.get(w.idx, math.inf)
 
     # ---- sources
-    def _pick(self, found: list[SimHolder], me: Worker, at: float, failed: Container[str] = ()) -> Worker | None:
+    def _pick(self, found: list[SimHolder], me: Worker, at: float, failed: Container[str] = (),
+              left: int | None = None) -> Worker | None:
         """The first of delta_sources.ask_order over the live, announced candidates (not the
-        holders `me` already failed with for this update: `failed`, peer ids). Past 64 records: a
-        few uniform draws instead (the same distribution as the first of a shuffle, without
-        shuffling thousands of records per fetch)."""
+        holders `me` already failed with for this update: `failed`, peer ids), None once `left`
+        (delta_sources.attempts_left) is 0. Past 64 records: a few uniform draws instead (the same
+        distribution as the first of a shuffle, without shuffling thousands of records per fetch)."""
         if len(found) <= 64:
             live = [h for h in found if h.since <= at and h.worker.alive and h.worker.leaves_s > at]
             cands = delta_sources.candidates(live, me=me.peer_id, dropped=failed, signers={self.signer})
-            return delta_sources.ask_order(cands, self.rng)[0].worker if cands else None
+            order = delta_sources.ask_order(cands, self.rng, left)
+            return order[0].worker if order else None
+        if left == 0:
+            return None
         for _ in range(_PICK_TRIES):
             h = found[self.rng.randrange(len(found))]
             if (h.holder_id != me.peer_id and h.holder_id not in failed and h.worker.alive and h.since <= at
@@ -142,16 +148,20 @@ class DeltaSpread:
         """Fetch an update the `found` holders announce, retrying as the product does; returns
         (when `w` holds it, the peer that served it or None) (inf: never, within MAX_TRIES)."""
         failed: set[str] = set()
+        asked = 0   # peer fetches in this catch-up
         at = start
         for _ in range(MAX_TRIES):
             if at >= min(w.leaves_s, start + GIVE_UP_S):
                 break
-            src = self._pick(found, w, at, failed)
+            src = self._pick(found, w, at, failed, delta_sources.attempts_left(self.limit, asked))
             got = self._fetch(w, src, size, at)
             if got.ok:
                 return got.end_s, src
             if src is not None:
                 failed.add(src.peer_id)
+                asked += 1
+            else:
+                asked = 0   # a new catch-up at the next sync poll
             at = self._retry_at(src, got)
         return math.inf, None
 
@@ -245,6 +255,7 @@ class _Round:
         self.waited: set[int] = set()                      # waited once in the current catch-up
         self.failed: dict[int, set[str]] = {}               # worker idx -> holders it failed with
         self.looked: dict[int, float] = {}                  # worker idx -> when it last read the holder records
+        self.asked: dict[int, int] = {}                     # worker idx -> peer fetches in its current catch-up
         self.announcing = 0                                 # announcements still on the heap
         for at, w in starts:
             self._push(at, _DECIDE, (w, 0))
@@ -274,19 +285,24 @@ class _Round:
 
     def _decide(self, w: Worker, at: float, tries: int) -> None:
         """`w` looks for a source at `at` (s): after a failed peer fetch, the next holder of the
-        records it read before (CatchUp does not re-read them), else it waits once, else the trainer."""
+        records it read before (CatchUp does not re-read them), else it waits once, else the trainer;
+        past `max_peer_attempts` peer fetches, the trainer at once."""
         if at >= min(w.leaves_s, self.give_up_s) or tries >= MAX_TRIES:
             return
         looked = self.looked.setdefault(w.idx, at)
-        src = self.s._pick(self.found, w, looked, self.failed.get(w.idx, ()))
+        left = self._left(w)
+        src = self.s._pick(self.found, w, looked, self.failed.get(w.idx, ()), left)
         if src is not None:
             self._fetch(w, src, at, tries)
-        elif w.idx not in self.waited:
+        elif w.idx not in self.waited and left != 0:
             self.waited.add(w.idx)
             self.waiting[w.idx] = (w, tries)
             self._push(at + delta_sources.holder_wait_s(self.s.cfg.peer_wait_s, self.s.rng), _DEADLINE, w)
         else:
             self._fetch(w, None, at, tries)
+
+    def _left(self, w: Worker) -> int | None:
+        return delta_sources.attempts_left(self.s.limit, self.asked.get(w.idx, 0))
 
     def _wake(self, at: float) -> None:
         """A holder announced: the waiting workers that can use it ask a holder now."""
@@ -296,7 +312,7 @@ class _Round:
             if at >= w.leaves_s:
                 del self.waiting[idx]
                 continue
-            src = self.s._pick(self.found, w, at, self.failed.get(idx, ()))
+            src = self.s._pick(self.found, w, at, self.failed.get(idx, ()), self._left(w))
             if src is not None:
                 del self.waiting[idx]
                 self.looked[idx] = at
@@ -312,7 +328,8 @@ class _Round:
         _, tries = self.waiting.pop(w.idx)
         if at >= w.leaves_s:
             return
-        src = self.s._pick(self.found, w, at, self.failed.get(w.idx, ())) if self.s.cfg.wait_whole else None
+        src = (self.s._pick(self.found, w, at, self.failed.get(w.idx, ()), self._left(w))
+               if self.s.cfg.wait_whole else None)
         self.looked[w.idx] = at
         self._fetch(w, src, at, tries)
 
@@ -328,8 +345,10 @@ class _Round:
                 self._push(since, _ANNOUNCE, SimHolder(w.peer_id, self.s.signer, w, since))
         elif src is not None:
             self.failed.setdefault(w.idx, set()).add(src.peer_id)
+            self.asked[w.idx] = self.asked.get(w.idx, 0) + 1
             self._push(got.end_s, _DECIDE, (w, tries + 1))
-        else:   # a new catch-up at the next sync poll: fresh records, a new wait
+        else:   # a new catch-up at the next sync poll: fresh records, a new wait, a new peer budget
             self.waited.discard(w.idx)
             self.looked.pop(w.idx, None)
+            self.asked.pop(w.idx, None)
             self._push(self.s._retry_at(None, got), _DECIDE, (w, tries + 1))

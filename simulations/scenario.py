@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from swarmrl.protocol import delta_sources
 from swarmrl.protocol.leases import BACKLOG_BATCHES
 from swarmrl.protocol.red_team_modes import MODES
 from swarmrl.simulations.profiles import GPU_CLASSES, MODEL_PROFILES
@@ -114,6 +115,8 @@ class Gossip(Strict):
     peer_wait_s: float = Field(1.0, ge=0, description="worker config peer_wait_s")
     max_gap: int = Field(8, ge=1)
     sync_poll_s: float = Field(0.5, gt=0, description="worker config sync_poll_s (prefetch of a newer version)")
+    max_peer_attempts: int = Field(delta_sources.MAX_PEER_ATTEMPTS, ge=0, description="worker config "
+                                   "max_peer_attempts: peers asked per update before the trainer (0: every holder)")
     trainer_fanout: int = Field(0, ge=0, description="what-if: the trainer serves each delta to at most this many "
                                 "workers, the others wait for a peer (0: unlimited, the product today)")
     wait_whole: bool = Field(False, description="what-if: a worker waiting for a holder waits its whole random "

@@ -1,8 +1,9 @@
 """Catching a replica up: deltas from peers that hold them, the trainer as the fallback source.
 
-For each missing version the replica asks the peers that announce that delta (in random order),
-then, for whatever is still missing, the trainer over gRPC. More than `max_gap` versions behind
-(or holding nothing yet) it takes one snapshot instead: the newest one peers hold within
+For each missing version the replica asks the peers that announce that delta (in random order, at
+most `max_peer_attempts` of them per update and run, 0: all; each failed peer fetch can cost the
+fetch's 30 s timeout), then, for whatever is still missing, the trainer over gRPC. More than
+`max_gap` versions behind (or holding nothing yet) it takes one snapshot instead: the newest one peers hold within
 `max_gap` of the wanted version (then deltas from there), else the trainer's snapshot of it. Every update is verified exactly as when it comes from the trainer: the
 header's signature (the job's trainer or a cotrainer it lists), the payload's sha256, the
 version asked for, and the from/to adapter hashes when applied. A peer that sends something that
@@ -35,6 +36,10 @@ from swarmrl.protocol.signing import signer_id
 from swarmrl.protocol.updates import AdapterReplica, ReceivedUpdate, assemble
 
 log = logging.getLogger(__name__)
+
+_SNAPSHOT: UpdateKey = (-1, True)
+"""The peer-attempt budget every snapshot version of one run shares (one update: the snapshot)."""
+
 
 class UntrustedSigner(ad.AdapterError):
     """A validly signed update from a trainer this replica does not accept (e.g. a cotrainer its
@@ -73,18 +78,23 @@ class CatchUp:
 
     signers: the trainer ids whose signatures are accepted now (from the followed job record).
     gossip/dht: None to fetch from the trainer only (no peers).
+    max_peer_attempts: peers asked per update in one `run` before the trainer (0: every holder;
+    the snapshot, whichever version, counts as one update).
     """
 
     def __init__(self, replica: AdapterReplica, *, trainer_fetch: TrainerFetch, signers: Callable[[], set[str]],
                  gossip: GossipNode | None = None, dht: hivemind.DHT | None = None, max_gap: int = 8,
-                 peer_wait_s: float = 1.0, rng: random.Random | None = None) -> None:
+                 peer_wait_s: float = 1.0, max_peer_attempts: int = delta_sources.MAX_PEER_ATTEMPTS,
+                 rng: random.Random | None = None) -> None:
         delta_sources.needs_snapshot(0, 0, max_gap)   # raises ValueError unless max_gap >= 1
+        delta_sources.attempts_left(max_peer_attempts, 0)
         self.replica, self.trainer_fetch, self.signers = replica, trainer_fetch, signers
         self.gossip, self.dht = gossip, dht
-        self.max_gap, self.peer_wait_s = max_gap, peer_wait_s
+        self.max_gap, self.peer_wait_s, self.max_peer_attempts = max_gap, peer_wait_s, max_peer_attempts
         self.rng = rng or random.Random()
         self.stats = SyncStats()
         self._failures: dict[str, int] = {}
+        self._asked: dict[UpdateKey, int] = {}   # peer fetches per update in the current run (snapshots: _SNAPSHOT)
         self._lock = threading.Lock()
 
     @property
@@ -114,10 +124,12 @@ class CatchUp:
                     self.gossip.announce(self.job_id)
 
     def _run(self, want: int) -> None:
+        self._asked = {}
         holders = self._holders()
         far = delta_sources.needs_snapshot(self.replica.version, want, self.max_gap)
         if far and not self._snapshot_from_peers(want, holders):
-            holders = self._wait_for_holder(lambda h: self._near_snapshots(want, h))
+            if self._left(_SNAPSHOT) != 0:   # peers left to ask: wait for one to announce a snapshot
+                holders = self._wait_for_holder(lambda h: self._near_snapshots(want, h))
             if not self._snapshot_from_peers(want, holders):
                 self._from_trainer(want, snapshot=True)
                 return
@@ -126,7 +138,7 @@ class CatchUp:
             key = (self.replica.version + 1, False)
             if self._from_peers(key, holders):
                 continue
-            if waited:
+            if waited or self._left(key) == 0:
                 break
             holders, waited = self._wait_for_holder(functools.partial(self._candidates, key)), True
         if self.replica.version < want:
@@ -171,10 +183,19 @@ class CatchUp:
 
     def _snapshot_from_peers(self, want: int, holders: dict[UpdateKey, list[Holder]]) -> bool:
         """The newest snapshot peers hold within `max_gap` of `want` (deltas follow from there)."""
-        return any(self._from_peers((v, True), holders) for v in self._near_snapshots(want, holders))
+        return any(self._from_peers((v, True), holders, budget=_SNAPSHOT)
+                   for v in self._near_snapshots(want, holders))
 
-    def _from_peers(self, key: UpdateKey, holders: dict[UpdateKey, list[Holder]]) -> bool:
-        for holder in delta_sources.ask_order(self._candidates(key, holders), self.rng):
+    def _left(self, budget: UpdateKey) -> int | None:
+        return delta_sources.attempts_left(self.max_peer_attempts, self._asked.get(budget, 0))
+
+    def _from_peers(self, key: UpdateKey, holders: dict[UpdateKey, list[Holder]],
+                    budget: UpdateKey | None = None) -> bool:
+        """Ask the candidates holding `key` (at most what is left of `budget`'s peer attempts, by
+        default `key`'s own)."""
+        budget = budget or key
+        for holder in delta_sources.ask_order(self._candidates(key, holders), self.rng, self._left(budget)):
+            self._asked[budget] = self._asked.get(budget, 0) + 1
             if self._from_peer(key, holder):
                 return True
         return False

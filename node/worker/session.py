@@ -26,7 +26,7 @@ from swarmrl.node.swarm.datasets import DatasetFetchStats, DatasetStore, fetch_d
 from swarmrl.node.swarm.gossip import GossipNode
 from swarmrl.node.tasks import grader_for
 from swarmrl.node.worker.stats import SessionStats
-from swarmrl.protocol import signing
+from swarmrl.protocol import delta_sources, signing
 from swarmrl.protocol.envs import PromptSpec, job_environment
 from swarmrl.protocol.identity import Identity, peer_id_from_public_key
 from swarmrl.protocol.jobspec import JobSpec
@@ -60,6 +60,7 @@ class JobSession:
     def __init__(self, record: pb.JobRecord, *, identity: Identity, backend: InferenceBackend,
                  max_prompts: int, max_message_mb: int, grade_timeout_s: float, gossip: GossipNode | None = None,
                  dht: hivemind.DHT | None = None, max_gap: int = MAX_GAP, peer_wait_s: float = 1.0,
+                 max_peer_attempts: int = delta_sources.MAX_PEER_ATTEMPTS,
                  datasets: DatasetStore | None = None, dataset_stats: DatasetFetchStats | None = None) -> None:
         self.spec = JobSpec.from_json(record.spec_json)
         self.identity, self.backend, self.max_prompts = identity, backend, max_prompts
@@ -75,7 +76,8 @@ class JobSession:
         self.env = job_environment(self.spec, dataset)
         self.replica = AdapterReplica(record.job_id, bytes(record.trainer_public_key))
         self.sync = CatchUp(self.replica, trainer_fetch=lambda req: self.stub.FetchAdapter(req, timeout=120),
-                            signers=self.signers, gossip=gossip, dht=dht, max_gap=max_gap, peer_wait_s=peer_wait_s)
+                            signers=self.signers, gossip=gossip, dht=dht, max_gap=max_gap, peer_wait_s=peer_wait_s,
+                            max_peer_attempts=max_peer_attempts)
         self.loaded_version = -1   # the version the backend generates with
         self.grader = grader_for(self.spec, grade_timeout_s)
         self.stats = SessionStats()

@@ -4,7 +4,11 @@ backlog rule it shares with the trainer counts open leases (protocol/leases.py).
 from __future__ import annotations
 
 import math
+import random
 
+import pytest
+
+from swarmrl.protocol import delta_sources
 from swarmrl.protocol.leases import LeaseBook, backlog_full
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.simulations.gossip import PEER_FETCH_TIMEOUT_S, DeltaSpread, SimHolder
@@ -87,6 +91,54 @@ def test_a_herd_on_the_first_holder_times_out_and_goes_to_the_trainer():
     s = g.publish(1, 0.0, live)
     assert len(g.held[1]) == 200 and s.failed_peer_fetches > 50
     assert s.reach_s["99"] < 30 + PEER_FETCH_TIMEOUT_S + 10
+
+
+# ---- at most max_peer_attempts peers per update, then the trainer (protocol/delta_sources.py)
+def test_ask_order_shuffles_and_keeps_at_most_limit():
+    found = [SimHolder(f"p{i}", "trainer", worker(i), 0.0) for i in range(10)]
+    assert len(delta_sources.ask_order(list(found), random.Random(0))) == 10
+    assert len(delta_sources.ask_order(list(found), random.Random(0), 3)) == 3
+    assert delta_sources.ask_order(list(found), random.Random(0), 0) == []
+    firsts = {delta_sources.ask_order(list(found), random.Random(s), 1)[0].holder_id for s in range(50)}
+    assert len(firsts) > 5                                   # the kept one is a random draw
+    with pytest.raises(ValueError, match="limit"):
+        delta_sources.ask_order(found, random.Random(0), -1)
+    assert delta_sources.attempts_left(0, 7) is None
+    with pytest.raises(ValueError, match="max_peer_attempts"):
+        delta_sources.attempts_left(-1, 0)
+    assert [delta_sources.attempts_left(2, n) for n in range(4)] == [2, 1, 0, 0]
+
+
+def slow(idx: int) -> Worker:
+    """A worker whose 1 Mbit downlink needs ~100 s for the 12.7 MB delta: every peer fetch times out."""
+    w = worker(idx)
+    w.down_bps = 1 * MBIT
+    return w
+
+
+@pytest.mark.parametrize(("limit", "asked"), [(1, 1), (2, 2), (3, 3), (0, 10)])
+def test_the_simulated_catch_up_asks_at_most_max_peer_attempts_holders(limit, asked):
+    """A worker whose downlink needs over 30 s for the delta fails with every peer (30 s each);
+    after `limit` of the 10 holders (0: all of them) it asks the trainer, which has 120 s."""
+    trainer = Uplink("na", 1000 * MBIT)
+    holders = [SimHolder(f"p{i}", "trainer", worker(i), 0.0) for i in range(10)]
+    g = spread(trainer, Gossip(max_peer_attempts=limit))
+    held_s, src = g._get(slow(99), holders, g.delta_bytes, 0.0)
+    assert src is None and g.failed == {"peer": asked, "trainer": 0} and g.trainer_bytes == g.delta_bytes
+    assert math.isclose(held_s, asked * PEER_FETCH_TIMEOUT_S + g.delta_bytes / MBIT, abs_tol=1.0)
+
+    g = spread(Uplink("na", 1000 * MBIT), Gossip(max_peer_attempts=limit))   # the same in a version's spread
+    g.held[0] = {99: 0.0}
+    g.holders[1] = list(holders)
+    s = g.publish(1, 0.0, [slow(99)])
+    assert s.failed_peer_fetches == asked and s.failed_trainer_fetches == 0 and s.trainer_bytes == g.delta_bytes
+
+
+def test_the_scenario_default_is_the_products():
+    from swarmrl.node.config import WorkerConfig
+
+    assert Gossip().max_peer_attempts == delta_sources.MAX_PEER_ATTEMPTS
+    assert WorkerConfig.model_fields["max_peer_attempts"].default == delta_sources.MAX_PEER_ATTEMPTS
 
 
 # ---- the trainer-loss scenario

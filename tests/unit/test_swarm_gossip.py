@@ -77,7 +77,7 @@ def _catchup(gossip: GossipNode, dht, fetch: TrainerFetch, trainer: Identity, jo
              **kw) -> CatchUp:
     replica = AdapterReplica(job_id, trainer.public_key)
     return CatchUp(replica, trainer_fetch=fetch, signers=lambda: {trainer.peer_id}, gossip=gossip, dht=dht,
-                   peer_wait_s=0.0, **kw)
+                   **{"peer_wait_s": 0.0, **kw})
 
 
 def test_unreachable_bootstrap_names_its_peers():
@@ -186,3 +186,74 @@ def test_data_set_travels_peer_to_peer_and_a_lying_holder_is_refused(nodes, tmp_
     assert got == data and not asked and stats.sources["peer"] >= 1
     assert sum(stats.refused.values()) in (0, 1)
     assert gossips[1].datasets[task.dataset_sha256] == data    # now served by the fetcher too
+
+
+# ---- at most max_peer_attempts peers per update, then the trainer (issue 13: slow-region)
+class _TimingOutGossip:
+    """A gossip node whose every peer fetch times out (as GossipNode.fetch does after 30 s); counts them."""
+
+    def __init__(self) -> None:
+        self.identity, self.asked, self.held = Identity.generate(), [], []
+
+    def fetch(self, libp2p_peer_id: bytes, req: pb.UpdateRequest) -> list[pb.AdapterChunk]:
+        self.asked.append((libp2p_peer_id, req.version, req.snapshot))
+        raise TimeoutError("peer fetch timed out")
+
+    def hold(self, update: ReceivedUpdate) -> None:
+        self.held.append(update)
+
+    def announce(self, job_id: str) -> None:
+        pass
+
+
+def _many_holders(monkeypatch, signer: str, keys: list[tuple[int, bool]], n: int = 10) -> None:
+    from swarmrl.node.swarm import catchup
+    from swarmrl.node.swarm.holders import Holder
+
+    held = {k: [Holder(f"peer{i}", f"lp{i}".encode(), b"\0" * 32, 1, signer) for i in range(n)] for k in keys}
+    monkeypatch.setattr(catchup, "find_holders", lambda dht, job_id: held)
+
+
+def _no_wait(monkeypatch) -> None:
+    """Once its peer attempts are spent a catch-up goes to the trainer without waiting for holders."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("waited for a holder after the peer attempts were spent")
+    monkeypatch.setattr(CatchUp, "_wait_for_holder", refuse)
+
+
+@pytest.mark.parametrize("limit", [1, 2, 3])
+def test_after_max_peer_attempts_timeouts_the_trainer_serves_the_delta(published, monkeypatch, limit):
+    trainer, store, states = published
+    _many_holders(monkeypatch, trainer.peer_id, [(1, False)])
+    _no_wait(monkeypatch)
+    gossip, fetch = _TimingOutGossip(), TrainerFetch(store, 1)
+    cu = _catchup(gossip, object(), fetch, trainer, max_peer_attempts=limit)   # type: ignore[arg-type]
+    cu.replica.apply(_received(store.snapshot(0)))
+    cu.run(1)
+    assert len(gossip.asked) == limit and len(set(gossip.asked)) == limit     # 10 holders, `limit` asked
+    assert cu.replica.version == 1 and cu.stats.trainer_updates == 1
+    assert cu.replica.hash == ad.adapter_hash(states[1])
+
+
+def test_without_a_bound_every_holder_is_asked_first(published, monkeypatch):
+    trainer, store, _ = published
+    _many_holders(monkeypatch, trainer.peer_id, [(1, False)])
+    gossip = _TimingOutGossip()
+    cu = _catchup(gossip, object(), TrainerFetch(store, 1), trainer, max_peer_attempts=0)  # type: ignore[arg-type]
+    cu.replica.apply(_received(store.snapshot(0)))
+    cu.run(1)
+    assert len(gossip.asked) == 10 and cu.stats.trainer_updates == 1
+
+
+def test_the_snapshot_shares_one_budget_over_its_versions(published, monkeypatch):
+    """Joining (holding nothing): peers announce snapshots of v2..v4; two attempts in all, then
+    the trainer's snapshot."""
+    trainer, store, states = published
+    _many_holders(monkeypatch, trainer.peer_id, [(v, True) for v in range(2, VERSIONS + 1)])
+    _no_wait(monkeypatch)
+    gossip, fetch = _TimingOutGossip(), TrainerFetch(store, VERSIONS)
+    cu = _catchup(gossip, object(), fetch, trainer, max_peer_attempts=2, peer_wait_s=5.0)  # type: ignore[arg-type]
+    cu.run(VERSIONS)
+    assert len(gossip.asked) == 2 and all(snap for _, _, snap in gossip.asked)
+    assert cu.stats.snapshots == 1 and cu.stats.trainer_updates >= 1
+    assert cu.replica.hash == ad.adapter_hash(states[-1])
