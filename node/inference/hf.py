@@ -38,6 +38,7 @@ from swarmrl.node.causal_lm import vocab_size as model_vocab_size
 from swarmrl.node.causal_lm import with_lora
 from swarmrl.node.inference.base import FinishReason, InferenceBackend, LoraShape, SampledCompletion, Sampling
 from swarmrl.node.inference.scoring import tempered_log_softmax
+from swarmrl.node.inference.stops import completion_end, first_stop
 
 TOP_P_CANDIDATES = 1024  # top-p looks at the k most likely tokens first, widening k x8 while short of mass
 PLACEHOLDER_ADAPTER = "swarmrl-placeholder"  # peft needs >= 1 adapter; this one stays all-zero, never active
@@ -229,13 +230,7 @@ class HFBackend(InferenceBackend):
 
     def _finish(self, tokens: list[int], logprobs: list[float], sampling: Sampling) -> SampledCompletion:
         """Cut a generated row after its first EOS or stop-string-completing token."""
-        end, reason = len(tokens), "length"
-        eos_at = next((i for i, t in enumerate(tokens) if t in self.eos_token_ids), None)
-        if eos_at is not None:
-            end, reason = eos_at + 1, "stop"
-        stop_at = _first_stop(self.tokenizer, tokens[:end], sampling.stop)
-        if stop_at is not None:
-            end, reason = stop_at + 1, "stop"
+        end, reason = completion_end(self.tokenizer, tokens, self.eos_token_ids, sampling.stop)
         assert reason == "stop" or end == sampling.max_new_tokens, (end, tokens)
         finish: FinishReason = "stop" if reason == "stop" else "length"
         ids = tokens[:end]
@@ -316,7 +311,7 @@ def _inverse_cdf(weights_RV: torch.Tensor, u_R1: torch.Tensor) -> torch.Tensor:
 
 class _StopStrings(StoppingCriteria):
     """Marks a row done once its decoded completion contains a stop string (early exit only;
-    `_first_stop` decides where the completion ends)."""
+    `first_stop` decides where the completion ends)."""
 
     def __init__(self, tokenizer: Any, stops: tuple[str, ...], prompt_len: int) -> None:
         self.tokenizer = tokenizer
@@ -330,29 +325,8 @@ class _StopStrings(StoppingCriteria):
         for r, row in enumerate(input_ids[:, self.prompt_len:].tolist()):
             tail = self.tokenizer.decode(row[-self.window:], skip_special_tokens=True)
             if any(s in tail for s in self.stops):
-                done[r] = _first_stop(self.tokenizer, row, self.stops) is not None
+                done[r] = first_stop(self.tokenizer, row, self.stops) is not None
         return cast(torch.BoolTensor, done)  # transformers' legacy annotation, as in _Sampler
-
-
-def _first_stop(tokenizer: Any, tokens: list[int], stops: tuple[str, ...]) -> int | None:
-    """Index of the token that completes the first stop string in `decode(tokens)`, or None.
-
-    Binary search on "the decoded prefix contains a stop string", which grows with the prefix.
-    """
-    def contains(k: int) -> bool:
-        text = tokenizer.decode(tokens[: k + 1], skip_special_tokens=True)
-        return any(s in text for s in stops)
-
-    if not stops or not tokens or not contains(len(tokens) - 1):
-        return None
-    lo, hi = 0, len(tokens) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if contains(mid):
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
 
 
 def _lora_state(model: peft.PeftModel, name: str) -> dict[str, torch.Tensor]:

@@ -48,7 +48,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Genera
 from swarmrl.node.causal_lm import lora_config as make_lora_config
 from swarmrl.node.causal_lm import with_lora
 from swarmrl.node.inference.base import FinishReason, InferenceBackend, LoraShape, SampledCompletion, Sampling
-from swarmrl.node.inference.hf import _first_stop
+from swarmrl.node.inference.stops import completion_end
 from swarmrl.node.inference.vllm_server import LOGPROBS_MODE, VLLMServer, VLLMServerError
 from swarmrl.node.models import read_manifest
 from swarmrl.protocol.adapter import adapter_hash
@@ -326,13 +326,7 @@ class VLLMBackend(InferenceBackend):
         if len(values) != len(tokens):
             raise VLLMServerError(f"{len(tokens)} tokens but {len(values)} log-probs")
         logprobs = from_engine(values, LOGPROBS_MODE, sampling.temperature, sampling.top_p)
-        end, reason = len(tokens), "length"
-        eos_at = next((i for i, t in enumerate(tokens) if t in self.eos_token_ids), None)
-        if eos_at is not None:
-            end, reason = eos_at + 1, "stop"
-        stop_at = _first_stop(self.tokenizer, tokens[:end], sampling.stop)
-        if stop_at is not None:
-            end, reason = stop_at + 1, "stop"
+        end, reason = completion_end(self.tokenizer, tokens, self.eos_token_ids, sampling.stop)
         if reason == "length" and end != sampling.max_new_tokens:
             raise VLLMServerError(f"completion of {end} tokens ended ({choice.get('finish_reason')}) "
                                   f"without EOS, stop string or length {sampling.max_new_tokens}")

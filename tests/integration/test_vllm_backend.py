@@ -16,8 +16,9 @@ import torch
 
 from swarmrl.node.causal_lm import encode_prompt, load_causal_lm, lora_config
 from swarmrl.node.inference import Sampling
-from swarmrl.node.inference.hf import HFBackend, _first_stop
+from swarmrl.node.inference.hf import HFBackend
 from swarmrl.node.inference.scoring import completion_logprobs
+from swarmrl.node.inference.stops import first_stop
 from swarmrl.node.inference.vllm import VLLMBackend
 from swarmrl.node.inference.vllm_server import ServerSpec, VLLMServer, VLLMServerError, vllm_python
 from swarmrl.node.inference.vllm_start import start_vllm_backend
@@ -159,7 +160,7 @@ def test_seeds_stops_and_refused_top_p(vllm, states) -> None:
     cut = vllm.generate(prompts, Sampling(n=3, max_new_tokens=12, seed=7, stop=(stop,)), adapter="job-b")
     for g_full, g_cut in zip(first, cut):
         for full, c in zip(g_full, g_cut):
-            k = _first_stop(vllm.tokenizer, full.token_ids, (stop,))
+            k = first_stop(vllm.tokenizer, full.token_ids, (stop,))
             want = full.token_ids if k is None else full.token_ids[: k + 1]
             assert c.token_ids == want and c.logprobs == full.logprobs[: len(want)]
             assert c.finish_reason == ("stop" if k is not None or (want and want[-1] in vllm.eos_token_ids)

@@ -14,8 +14,9 @@ import torch
 
 from swarmrl.node.causal_lm import encode_prompt, load_causal_lm, lora_config
 from swarmrl.node.inference import Sampling, build_backend
-from swarmrl.node.inference.hf import HFBackend, _draw, _first_stop, ensure_contiguous_head_input
+from swarmrl.node.inference.hf import HFBackend, _draw, ensure_contiguous_head_input
 from swarmrl.node.inference.scoring import completion_logprobs, token_logprobs
+from swarmrl.node.inference.stops import first_stop
 from swarmrl.node.models import prepare_base_model
 from swarmrl.protocol.jobspec import LoraSpec
 
@@ -112,9 +113,9 @@ def test_stop_strings_truncate_after_completing_token(backend: HFBackend) -> Non
 def test_first_stop_spanning_tokens(backend: HFBackend) -> None:
     tok = backend.tokenizer
     ids = [tok.convert_tokens_to_ids(t) for t in ["a", "1", "2", "b", "1", "2"]]
-    assert _first_stop(tok, ids, ("12",)) == 2
-    assert _first_stop(tok, ids, ("b1", "x")) == 4
-    assert _first_stop(tok, ids, ("zz",)) is None
+    assert first_stop(tok, ids, ("12",)) == 2
+    assert first_stop(tok, ids, ("b1", "x")) == 4
+    assert first_stop(tok, ids, ("zz",)) is None
 
 
 def test_greedy_is_deterministic(backend: HFBackend) -> None:
