@@ -119,6 +119,14 @@ class InferenceBackend(ABC):
     pad_token_id: int
     dtype: torch.dtype
 
+    def _check_prompts(self, prompt_token_ids: list[list[int]]) -> None:
+        """Raise ValueError on an empty prompt or a token id outside `[0, vocab_size)`."""
+        for i, p in enumerate(prompt_token_ids):
+            if len(p) == 0:
+                raise ValueError(f"prompt {i} is empty")
+            if any(not 0 <= t < self.vocab_size for t in p):
+                raise ValueError(f"prompt {i} has a token id outside [0, {self.vocab_size})")
+
     @property
     @abstractmethod
     def adapters(self) -> frozenset[str]:

@@ -237,13 +237,6 @@ class HFBackend(InferenceBackend):
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         return SampledCompletion(token_ids=ids, logprobs=logprobs[:end], finish_reason=finish, text=text)
 
-    def _check_prompts(self, prompt_token_ids: list[list[int]]) -> None:
-        for i, p in enumerate(prompt_token_ids):
-            if len(p) == 0:
-                raise ValueError(f"prompt {i} is empty")
-            if any(not 0 <= t < self.vocab_size for t in p):
-                raise ValueError(f"prompt {i} has a token id outside [0, {self.vocab_size})")
-
     def _require_slot(self, name: str) -> None:
         if name not in self._slots:
             raise KeyError(f"no adapter slot {name!r} (loaded: {sorted(self._slots)})")

@@ -335,13 +335,6 @@ class VLLMBackend(InferenceBackend):
         return SampledCompletion(token_ids=ids, logprobs=logprobs[:end], finish_reason=finish,
                                  text=self.tokenizer.decode(ids, skip_special_tokens=True))
 
-    def _check_prompts(self, prompt_token_ids: list[list[int]]) -> None:
-        for i, p in enumerate(prompt_token_ids):
-            if len(p) == 0:
-                raise ValueError(f"prompt {i} is empty")
-            if any(not 0 <= t < self.vocab_size for t in p):
-                raise ValueError(f"prompt {i} has a token id outside [0, {self.vocab_size})")
-
     @contextlib.contextmanager
     def activated(self, adapter: str | None) -> Iterator[nn.Module]:
         """Not available: the model's weights live in the vLLM server. Raises NotImplementedError
