@@ -16,10 +16,10 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import hivemind
-from google.protobuf.message import DecodeError
+from google.protobuf.message import Message
 from hivemind.utils import get_dht_time
 
 from swarmrl.node import procs
@@ -28,6 +28,7 @@ from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=Message)
 
 JOBS_KEY = "swarmrl/v1/jobs"
 REFRESH_S = 10.0
@@ -154,19 +155,32 @@ def announce_job(dht: hivemind.DHT, identity: Identity, record: pb.JobRecord) ->
     )
 
 
-def find_jobs(dht: hivemind.DHT) -> list[VerifiedRecord]:
-    """All live job records in the DHT whose signature verifies (others are logged and dropped)."""
-    found = dht.get(JOBS_KEY, latest=True)
+def signed_entries(dht: hivemind.DHT, key: str, domain: str, message_type: type[M],
+                   what: str, level: int = logging.DEBUG) -> list[tuple[str, M, str, pb.Signed]]:
+    """(subkey, record, signer peer id, envelope) for every live entry under DHT `key` whose
+    `domain` signature verifies; an entry that does not parse or verify is logged at `level` as
+    a dropped `what` and skipped (a peer can store anything). Which subkey a signer may use is
+    the caller's check."""
+    found = dht.get(key, latest=True)
     if found is None or not isinstance(found.value, dict):
         return []
-    records = []
+    out = []
     for subkey, item in found.value.items():
         try:
             envelope = pb.Signed.FromString(item.value)
-            record, signer = signing.open_signed(envelope, signing.JOB_RECORD, pb.JobRecord)
-        except (signing.SignatureError, DecodeError, TypeError, ValueError) as exc:  # a peer can store anything
-            log.warning("dropping DHT job record %s: %s", subkey, exc)
+            record, signer = signing.open_signed(envelope, domain, message_type)
+        except Exception as exc:  # noqa: BLE001 - a peer can store anything: drop it
+            log.log(level, "dropping %s %s: %s", what, subkey, exc)
             continue
+        out.append((str(subkey), record, signer, envelope))
+    return out
+
+
+def find_jobs(dht: hivemind.DHT) -> list[VerifiedRecord]:
+    """All live job records in the DHT whose signature verifies (others are logged and dropped)."""
+    records = []
+    for subkey, record, signer, envelope in signed_entries(dht, JOBS_KEY, signing.JOB_RECORD, pb.JobRecord,
+                                                           "DHT job record", logging.WARNING):
         if record.trainer_id != signer or subkey != f"{record.job_id}:{signer}":
             log.warning("dropping DHT job record %s: signer %s does not match", subkey, signer)
             continue

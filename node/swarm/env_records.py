@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import hivemind
 from hivemind.utils import get_dht_time
 
-from swarmrl.node.swarm.dht import RECORD_TTL_S, REFRESH_S
+from swarmrl.node.swarm.dht import RECORD_TTL_S, REFRESH_S, signed_entries
 from swarmrl.protocol import signing
 from swarmrl.protocol.envs import InstalledEnv, installed_environments
 from swarmrl.protocol.identity import Identity
@@ -64,17 +64,9 @@ def announce_worker_envs(dht: hivemind.DHT, identity: Identity, environments: Se
 
 def find_worker_envs(dht: hivemind.DHT) -> list[pb.WorkerEnvs]:
     """Every live worker record whose signature verifies and whose signer is its worker id."""
-    found = dht.get(WORKER_ENVS_KEY, latest=True)
-    if found is None or not isinstance(found.value, dict):
-        return []
     out = []
-    for subkey, item in found.value.items():
-        try:
-            envelope = pb.Signed.FromString(item.value)
-            record, signer = signing.open_signed(envelope, signing.WORKER_ENVS, pb.WorkerEnvs)
-        except Exception as exc:  # noqa: BLE001 - a peer can store anything: drop it
-            log.debug("dropping worker-envs record %s: %s", subkey, exc)
-            continue
+    for subkey, record, signer, _ in signed_entries(dht, WORKER_ENVS_KEY, signing.WORKER_ENVS, pb.WorkerEnvs,
+                                                    "worker-envs record"):
         if record.worker_id != signer or subkey != signer:
             log.debug("dropping worker-envs record %s: signer %s does not match", subkey, signer)
             continue

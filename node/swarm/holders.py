@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import hivemind
 from hivemind.utils import get_dht_time
 
-from swarmrl.node.swarm.dht import RECORD_TTL_S
+from swarmrl.node.swarm.dht import RECORD_TTL_S, signed_entries
 from swarmrl.protocol import signing
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -58,17 +58,9 @@ def announce_holdings(dht: hivemind.DHT, identity: Identity, job_id: str, libp2p
 
 def find_holders(dht: hivemind.DHT, job_id: str) -> dict[UpdateKey, list[Holder]]:
     """Every announced update of `job_id` with its verified holders (bad records are dropped)."""
-    found = dht.get(holders_key(job_id), latest=True)
-    if found is None or not isinstance(found.value, dict):
-        return {}
     out: dict[UpdateKey, list[Holder]] = defaultdict(list)
-    for subkey, item in found.value.items():
-        try:
-            envelope = pb.Signed.FromString(item.value)
-            record, signer = signing.open_signed(envelope, signing.DELTA_HOLDER, pb.DeltaHolder)
-        except Exception as exc:  # noqa: BLE001 - a peer can store anything: drop it
-            log.debug("dropping holder record %s: %s", subkey, exc)
-            continue
+    for subkey, record, signer, _ in signed_entries(dht, holders_key(job_id), signing.DELTA_HOLDER, pb.DeltaHolder,
+                                                    "holder record"):
         if record.holder_id != signer or subkey != signer or record.job_id != job_id:
             log.debug("dropping holder record %s: signer %s does not match", subkey, signer)
             continue
