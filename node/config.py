@@ -27,6 +27,7 @@ C = TypeVar("C", bound=BaseModel)
 # Mirror of a table that lives beside torch (node.model_recipes.ALIASES), so a
 # bad name is refused without importing torch; tests/unit/test_cli_errors.py checks they agree.
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")   # node.inference.device.check_device_name, without torch
 BASE_MODEL_NAMES = ("tiny", "google/gemma-3-270m", "gemma", "gemma-3-270m", "gemma3-270m")
 RED_TEAM_MODES = MODES   # protocol/red_team_modes.py (no torch)
 
@@ -48,6 +49,15 @@ def check_base_model_name(name: str) -> str:
         return name
     raise ValueError(f"unknown base model {name!r}: not a built-in ({', '.join(BASE_MODEL_NAMES)}), "
                      "not a model folder and not a hub id ORG/NAME")
+
+
+def check_device(name: str) -> str:
+    """`name` if it is a device setting ("auto", "cpu", "cuda", "cuda:N"); whether this machine
+    has that GPU is checked when the model loads (`node.inference.device.resolve_device`).
+    Raises ValueError otherwise."""
+    if not _DEVICE.fullmatch(name.strip()):
+        raise ValueError(f"device {name!r} is not 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    return name.strip()
 
 
 def check_red_team_mode(mode: str) -> str:
@@ -98,6 +108,8 @@ class TrainerConfig(_Config):
     net: NetConfig = NetConfig()
     grpc_port: int = Field(0, ge=0, le=65535)
     threads: int = Field(1, ge=1)
+    # where the model runs: "auto" (the first CUDA GPU if any, else the CPU), "cpu", "cuda", "cuda:N"
+    device: str = "auto"
     max_message_mb: int = Field(64, ge=1)
     max_batch_mb: int = Field(16, ge=1)
     trusted_validators: list[str] = []   # peer ids whose verdicts the trainer acts on
@@ -121,6 +133,11 @@ class TrainerConfig(_Config):
     metrics_port: int | None = Field(None, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
 
+    @field_validator("device")
+    @classmethod
+    def _device(cls, name: str) -> str:
+        return check_device(name)
+
 
 class WorkerConfig(_Config):
     """`swarmrl worker`: leases prompts, generates, grades, signs and submits rollouts."""
@@ -138,6 +155,9 @@ class WorkerConfig(_Config):
     backend: Literal["hf", "vllm"] = "hf"   # "hf" (transformers + peft) or "vllm" (node/inference/vllm.py)
     vllm_url: str | None = None          # backend "vllm": an operator's running vLLM server; None = start one
     threads: int = Field(1, ge=1)
+    # where the hf backend's model runs (vLLM places its own): "auto" (the first CUDA GPU if any, else the CPU), "cpu", "cuda", "cuda:N"
+    device: str = "auto"
+
     max_prompts: int = Field(4, ge=1)    # prompts asked per lease
     max_message_mb: int = Field(64, ge=1)
     grade_timeout_s: float = Field(10.0, gt=0)
@@ -162,6 +182,11 @@ class WorkerConfig(_Config):
     def _known_model(cls, name: str) -> str:
         return check_base_model_name(name)
 
+    @field_validator("device")
+    @classmethod
+    def _device(cls, name: str) -> str:
+        return check_device(name)
+
     @field_validator("red_team")
     @classmethod
     def _known_mode(cls, mode: str | None) -> str | None:
@@ -176,6 +201,8 @@ class ValidatorConfig(_Config):
     cache_dir: Path | None = None
     net: NetConfig = NetConfig()
     threads: int = Field(1, ge=1)
+    # where the model runs: "auto" (the first CUDA GPU if any, else the CPU), "cpu", "cuda", "cuda:N"
+    device: str = "auto"
     max_message_mb: int = Field(64, ge=1)
     base_models: list[str] = []          # model folders / hub ids served (a job's own name is tried first)
     sample_rate: float = Field(0.25, ge=0.0, le=1.0)
@@ -188,6 +215,11 @@ class ValidatorConfig(_Config):
     ready_file: Path | None = None
     metrics_port: int | None = Field(None, ge=0, le=65535)   # /metrics; None = off, 0 = any free port
     metrics_host: str = "127.0.0.1"
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, name: str) -> str:
+        return check_device(name)
 
 
 def parse_override(item: str) -> tuple[list[str], Any]:

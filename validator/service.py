@@ -178,7 +178,7 @@ class ValidatorService:
             log.warning("can't validate jobs on %s: %s", record.base_model, exc)
             self.unservable.add(sha)
             return None
-        backend = build_backend("hf", path)   # rescoring runs one prefill on `backend.activated`'s model
+        backend = build_backend("hf", path, device=self.cfg.device)   # rescoring runs one prefill on `backend.activated`'s model
         self.validators[sha] = Validator(backend, seen=self.seen, reputation=self.reputation,
                                          sampling_key=self.sampling_key, settings=self.settings)
         log.info("loaded %s for validation", record.base_model)

@@ -21,16 +21,19 @@ DEFAULT_LORA_RANK, DEFAULT_LORA_ALPHA = 16, 32  # shape of slots made by set_ada
 
 def build_backend(
     kind: str, model_path: Path, *, dtype: torch.dtype | None = None, num_threads: int | None = None,
-    vllm_url: str | None = None, vllm_log: Path | None = None,
+    vllm_url: str | None = None, vllm_log: Path | None = None, device: str = "auto",
 ) -> InferenceBackend:
     """Load the prepared base model at `model_path` (see `node.models.prepare_base_model`) into
     backend `kind` ("hf" or "vllm"). dtype defaults to the model's manifest (bf16 Gemma, fp32
-    tiny); num_threads, if given, sets torch's process-wide thread count (hf).
+    tiny; `device.placement_dtype` of it on a GPU); num_threads, if given, sets torch's
+    process-wide thread count (hf); device: "auto" | "cpu" | "cuda" | "cuda:N" (hf; see
+    `device.resolve_device`).
 
     "vllm" starts vLLM's server from `.venv-vllm` as this process's child (log at `vllm_log`), or
     attaches to the operator's server at `vllm_url`; without vLLM's environment and without a URL
     it falls back to "hf" with a warning.
-    Raises ValueError on an unknown backend kind or a model vLLM can't run; see
+    Raises ValueError on an unknown backend kind or a model vLLM can't run, DeviceError (a
+    ValueError) on a device this machine lacks; see
     `vllm_start.start_vllm_backend` for the vLLM server's errors.
     """
     if kind == "vllm":
@@ -45,9 +48,10 @@ def build_backend(
 
             return start_vllm_backend(model_path, url=vllm_url, log_path=vllm_log)
     if kind == "hf":
-        from swarmrl.node.causal_lm import load_causal_lm, lora_config
+        from swarmrl.node.causal_lm import lora_config
+        from swarmrl.node.inference.device import load_on_device
         from swarmrl.node.inference.hf import HFBackend
 
-        model, tokenizer = load_causal_lm(model_path, dtype=dtype, num_threads=num_threads)
+        model, tokenizer = load_on_device(model_path, device, dtype=dtype, num_threads=num_threads)
         return HFBackend(model, tokenizer, lora_config(DEFAULT_LORA_RANK, DEFAULT_LORA_ALPHA))
     raise ValueError(f"unknown inference backend {kind!r}; known: {BACKENDS}")

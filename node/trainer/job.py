@@ -56,19 +56,20 @@ class JobRuntime:
     clock: unix seconds (default time.time; tests pass their own).
     wrap_reducer: fault drills wrap the step's gradient reducer (`node.trainer.faults`); the
         step itself carries no drill.
+    device: where the learner's model runs (`node.inference.device.resolve_device`).
     """
 
     def __init__(
         self, job_id: str, spec: JobSpec, *, identity: Identity, model_path: Path, state_dir: Path, ledger: Ledger,
         prompt_shard: tuple[int, int] = (0, 1), probation_ms: int = 0, clock: Callable[[], float] = time.time,
-        wrap_reducer: ReducerWrap | None = None, dataset: bytes | None = None,
+        wrap_reducer: ReducerWrap | None = None, dataset: bytes | None = None, device: str = "cpu",
     ) -> None:
         self.job_id, self.spec, self.identity, self.ledger = job_id, spec, identity, ledger
         self.probation_ms, self.clock, self.wrap_reducer = probation_ms, clock, wrap_reducer
         self.dir = state_dir / "jobs" / job_id
         self.dataset = dataset
         self.env = job_environment(spec, dataset)
-        self.learner = Learner(model_path, spec)
+        self.learner = Learner(model_path, spec, device=device)
         self.store = AdapterStore(self.dir / "adapters", job_id, identity)
         self._prompt_ids: dict[int, list[int]] = {}
         self.lock = threading.RLock()

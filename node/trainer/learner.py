@@ -21,7 +21,8 @@ from typing import Any
 import torch
 from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 
-from swarmrl.node.causal_lm import load_causal_lm, lora_config, with_lora
+from swarmrl.node.causal_lm import lora_config, with_lora
+from swarmrl.node.inference.device import load_on_device
 from swarmrl.node.inference.scoring import completion_logprobs, shared_prompt_logprobs
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol.grpo import group_advantages, logprob_drift, policy_loss, staleness_histogram
@@ -98,13 +99,15 @@ class Learner:
     (tests/unit/test_learner_dropout.py). `lora.dropout` is kept in the exported adapter config.
     """
 
-    def __init__(self, model_path: Path, spec: JobSpec, *, share_prompts: bool = True) -> None:
+    def __init__(self, model_path: Path, spec: JobSpec, *, share_prompts: bool = True, device: str = "cpu") -> None:
         """share_prompts: score a group's completions over one prefill of its prompt
         (`scoring.shared_prompt_logprobs`, the same log-probs and gradients for ~G x fewer prompt
-        positions); False prefills every prompt + completion (the baseline, for benchmarks)."""
+        positions); False prefills every prompt + completion (the baseline, for benchmarks).
+        device: where the model and the step run (`node.inference.device.resolve_device`); the
+        adapter state it hands out is always on the CPU."""
         self.spec = spec
         self._logprobs = shared_prompt_logprobs if share_prompts else completion_logprobs
-        base, self.tokenizer = load_causal_lm(model_path)
+        base, self.tokenizer = load_on_device(model_path, device)
         torch.manual_seed(spec.seed)
         cfg = lora_config(spec.lora.rank, spec.lora.alpha, spec.lora.dropout, spec.lora.target_modules)
         model = with_lora(base, cfg)
@@ -151,17 +154,19 @@ class Learner:
         if not batch.completion_ids:
             return 0.0, {"tokens": 0.0}
         logprobs_BT, mask_BT = self.completion_logprobs(batch)   # eval mode: LoRA dropout off (class doc)
-        mask_BT = mask_BT & batch.mask_BT
+        device = logprobs_BT.device   # the batch's tensors are built on the CPU
+        old_BT, advantages_B = batch.old_logprobs_BT.to(device), batch.advantages_B.to(device)
+        mask_BT = mask_BT & batch.mask_BT.to(device)
         ref_BT = None
         if self.spec.loss.kl_beta > 0:
             with torch.no_grad(), self.model.disable_adapter():
                 ref_BT, _ = self.completion_logprobs(batch)
         loss, metrics = policy_loss(
-            logprobs_BT, batch.old_logprobs_BT, batch.advantages_B, mask_BT, self.spec.loss,
+            logprobs_BT, old_BT, advantages_B, mask_BT, self.spec.loss,
             max_new_tokens=self.spec.sampling.max_new_tokens, ref_logprobs_BT=ref_BT,
         )
         loss.backward()
-        metrics.update(logprob_drift(logprobs_BT.detach(), batch.old_logprobs_BT, mask_BT))
+        metrics.update(logprob_drift(logprobs_BT.detach(), old_BT, mask_BT))
         return float(loss.detach()), metrics
 
     def grads(self) -> list[torch.Tensor]:

@@ -55,7 +55,7 @@ class Trainer:
                              dataset=dataset,
                              ledger=self.ledger, prompt_shard=self.cfg.prompt_shard,
                              probation_ms=int(self.cfg.probation_s * 1000) if self.cfg.trusted_validators else 0,
-                             wrap_reducer=reducer_wrap(self.cfg.fault))
+                             wrap_reducer=reducer_wrap(self.cfg.fault), device=self.cfg.device)
         runtime.store.retention = Retention(self.cfg.keep_versions, self.cfg.keep_snapshots, spec.max_async_level)
         if self.dht is not None:
             runtime.attach_swarm(JobSwarm(

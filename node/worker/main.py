@@ -94,7 +94,9 @@ class Worker:
         self.backends: dict[str, InferenceBackend] = {}   # base-model sha256 -> backend (one load per model)
         for name in names:
             path = find_base_model(name, cfg.cache_dir)
-            self.backends.setdefault(base_model_sha256(path), build_backend(cfg.backend, path, vllm_url=cfg.vllm_url))
+            sha = base_model_sha256(path)
+            if sha not in self.backends:
+                self.backends[sha] = build_backend(cfg.backend, path, vllm_url=cfg.vllm_url, device=cfg.device)
         self.model_name = names[0]
         self.sha256 = next(iter(self.backends))
         self.backend = self.backends[self.sha256]

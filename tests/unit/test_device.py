@@ -1,0 +1,65 @@
+"""Device placement (node/inference/device.py): settings, dtype choice, the CPU path; the CUDA
+paths run where a GPU is (skipped here, saying why)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from swarmrl.node.config import ConfigError, TrainerConfig, ValidatorConfig, WorkerConfig, load_config
+from swarmrl.node.inference.device import DeviceError, load_on_device, placement_dtype, resolve_device
+from swarmrl.node.models import prepare_base_model
+
+CUDA = torch.cuda.is_available()
+
+
+def test_cpu_and_auto_resolve_without_a_gpu() -> None:
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto") == (torch.device("cuda", 0) if CUDA else torch.device("cpu"))
+
+
+@pytest.mark.parametrize("name", ["gpu", "cuda:", "cuda:x", "CPU", "", "cuda:0:1"])
+def test_unknown_settings_are_refused(name: str) -> None:
+    with pytest.raises(DeviceError, match="is not one of"):
+        resolve_device(name)
+
+
+@pytest.mark.skipif(CUDA, reason="checks the refusal on a machine without CUDA")
+@pytest.mark.parametrize("name", ["cuda", "cuda:0", "cuda:3"])
+def test_cuda_without_cuda_is_a_config_error(name: str) -> None:
+    with pytest.raises(DeviceError, match="CUDA is not available"):
+        resolve_device(name)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+def test_cuda_index_past_the_last_gpu_is_refused() -> None:
+    with pytest.raises(DeviceError, match="CUDA device"):
+        resolve_device(f"cuda:{torch.cuda.device_count()}")
+
+
+def test_dtype_bf16_kept_where_supported_fp16_refused_for_gemma3() -> None:
+    cpu = torch.device("cpu")
+    assert placement_dtype(cpu, torch.bfloat16, "gemma3_text") == torch.bfloat16
+    assert placement_dtype(cpu, torch.float32, "llama") == torch.float32
+    assert placement_dtype(cpu, torch.float16, "llama") == torch.float16
+    with pytest.raises(DeviceError, match="float16 overflows"):
+        placement_dtype(cpu, torch.float16, "gemma3_text")
+
+
+def test_bf16_on_a_gpu_without_bf16_is_upcast_to_fp32(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert placement_dtype(torch.device("cuda", 0), torch.bfloat16, "gemma3_text") == torch.float32
+
+
+def test_load_on_cpu_keeps_the_manifest_dtype(model_cache) -> None:
+    model, tokenizer = load_on_device(prepare_base_model("tiny", model_cache), "cpu")
+    assert next(model.parameters()).device.type == "cpu" and model.dtype == torch.float32
+    assert tokenizer.padding_side == "left"
+
+
+@pytest.mark.parametrize("cls", [TrainerConfig, WorkerConfig, ValidatorConfig])
+def test_roles_take_a_device_setting(cls) -> None:
+    assert cls().device == "auto"
+    assert load_config(cls, None, ["device=cuda:1"]).device == "cuda:1"
+    with pytest.raises(ConfigError, match="device"):
+        load_config(cls, None, ["device=gpu0"])
