@@ -7,12 +7,14 @@ Exactness: a delta is `new - old` (float32, elementwise). The publisher adopts `
 its new state (`make_delta` returns it), and IEEE-754 addition is correctly rounded and
 elementwise, so every peer that applies the delta to the same `old` gets bit-identical tensors
 (checked by `adapter_hash`), on any machine. Payloads are safetensors bytes compressed with zstd
-(lossless).
+(lossless). Snapshots are float32 states; a delta may also be block-quantised
+(`delta_codec.py`), and exactness holds the same way: the publisher adopts `old + dequantised`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping
 
 import torch
@@ -47,14 +49,19 @@ def clone_state(state: Mapping[str, torch.Tensor]) -> State:
     return {k: v.detach().to("cpu", torch.float32).clone().contiguous() for k, v in state.items()}
 
 
-def encode_state(state: Mapping[str, torch.Tensor]) -> bytes:
-    """Serialize a state (snapshot or delta) to compressed bytes (codec `CODEC`)."""
-    raw = st_save({k: v.detach().contiguous().cpu() for k, v in state.items()})
+def encode_tensors(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> bytes:
+    """safetensors bytes of `tensors` (any dtype) with optional string metadata, zstd-compressed."""
+    raw = st_save({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, metadata=dict(metadata or {}) or None)
     return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(raw)
 
 
-def decode_state(payload: bytes, *, max_bytes: int = MAX_STATE_BYTES) -> State:
-    """Inverse of `encode_state`.
+def encode_state(state: Mapping[str, torch.Tensor]) -> bytes:
+    """Serialize a state (snapshot or float32 delta) to compressed bytes (codec `CODEC`)."""
+    return encode_tensors(state)
+
+
+def load_tensors(payload: bytes, *, max_bytes: int = MAX_STATE_BYTES) -> tuple[State, dict[str, str]]:
+    """Inverse of `encode_tensors`: (tensors of any dtype, metadata).
 
     Raises:
         AdapterError: not zstd/safetensors, or larger than `max_bytes` once decompressed.
@@ -64,13 +71,36 @@ def decode_state(payload: bytes, *, max_bytes: int = MAX_STATE_BYTES) -> State:
             raw = reader.read(max_bytes + 1)
         if len(raw) > max_bytes:
             raise AdapterError(f"adapter payload decompresses to more than {max_bytes} bytes")
-        state = st_load(raw)
+        tensors = st_load(raw)
+        header_len = int.from_bytes(raw[:8], "little")
+        meta = json.loads(raw[8:8 + header_len]).get("__metadata__") or {}
     except (zstandard.ZstdError, ValueError, RuntimeError) as exc:
         raise AdapterError(f"undecodable adapter payload: {exc}") from exc
+    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+        raise AdapterError("adapter payload metadata must map strings to strings")
+    return tensors, meta
+
+
+def check_float32(state: State) -> State:
+    """`state` itself when every tensor is float32.
+
+    Raises:
+        AdapterError: a tensor of another dtype.
+    """
     for name, t in state.items():
         if t.dtype != torch.float32:
             raise AdapterError(f"tensor {name} has dtype {t.dtype}, expected float32")
     return state
+
+
+def decode_state(payload: bytes, *, max_bytes: int = MAX_STATE_BYTES) -> State:
+    """Inverse of `encode_state` (snapshots; deltas are `delta_codec.decode_delta`'s).
+
+    Raises:
+        AdapterError: not zstd/safetensors, larger than `max_bytes` once decompressed, or a
+            tensor that is not float32.
+    """
+    return check_float32(load_tensors(payload, max_bytes=max_bytes)[0])
 
 
 def payload_sha256(payload: bytes) -> bytes:
