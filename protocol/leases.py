@@ -11,6 +11,8 @@ Pure (no network, no clock of its own: every time is a `now_ms` argument), so th
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import secrets
 import threading
 from collections import deque
@@ -47,6 +49,9 @@ class LeaseBook:
         self._open: dict[str, pb.Lease] = {}
         self._answered: dict[str, set[int]] = {}
         self._unanswered = 0  # prompts of open leases not answered yet (open_prompts)
+        self._of_peer: dict[str, dict[str, None]] = {}   # peer id -> its open lease ids, in issue order (open_of)
+        self._deadlines: list[tuple[int, int, str]] = []  # (deadline_ms, seq, lease id) of leases issued (expire)
+        self._seq = itertools.count()
         self._lock = threading.Lock()
 
     def restore(self, leases: list[pb.Lease], admitted: set[int]) -> None:
@@ -54,7 +59,7 @@ class LeaseBook:
         with self._lock:
             self._admitted |= admitted
             for lease in leases:
-                self._open[lease.lease_id] = lease
+                self._add(lease)
                 self._answered[lease.lease_id] = {i for i in lease.prompt_indices if i in admitted}
                 self._unanswered += len(set(lease.prompt_indices)) - len(self._answered[lease.lease_id])
             seen = {i for i in admitted | {i for lease in leases for i in lease.prompt_indices}
@@ -77,10 +82,16 @@ class LeaseBook:
                 lease_id=secrets.token_hex(12), job_id=self.job_id, peer_id=peer_id, prompt_indices=indices,
                 policy_version=version, sampling=sampling, issued_ms=now_ms, deadline_ms=now_ms + self.ttl_ms,
             )
-            self._open[lease.lease_id] = lease
+            self._add(lease)
             self._answered[lease.lease_id] = set()
             self._unanswered += len(set(indices))
             return lease
+
+    def _add(self, lease: pb.Lease) -> None:
+        """Open `lease` and index it by peer and deadline (caller holds the lock)."""
+        self._open[lease.lease_id] = lease
+        self._of_peer.setdefault(lease.peer_id, {})[lease.lease_id] = None
+        heapq.heappush(self._deadlines, (lease.deadline_ms, next(self._seq), lease.lease_id))
 
     def get(self, lease_id: str) -> pb.Lease | None:
         """The open lease `lease_id`, or None (unknown, expired, revoked or fully answered)."""
@@ -102,7 +113,7 @@ class LeaseBook:
             done.update(indices)
             self._admitted.update(indices)
             if lease is not None and done >= set(lease.prompt_indices):
-                del self._open[lease_id]
+                self._forget(lease)
                 return True
             return False
 
@@ -112,16 +123,31 @@ class LeaseBook:
             return self._unanswered
 
     def expire(self, now_ms: int) -> list[str]:
-        """Close leases past their deadline, re-queue their unanswered indices; returns their ids."""
+        """Close leases past their deadline, re-queue their unanswered indices; returns their ids
+        (earliest deadline first). Reads a heap of deadlines, so its cost is the leases it closes
+        (and those closed since the last call), not the open ones."""
         with self._lock:
-            expired = [lid for lid, lease in self._open.items() if now_ms > lease.deadline_ms]
-            for lid in expired:
-                self._close(lid)
+            expired = []
+            while self._deadlines and now_ms > self._deadlines[0][0]:
+                _, _, lid = heapq.heappop(self._deadlines)
+                if lid in self._open:   # else answered in full or revoked already
+                    expired.append(lid)
+                    self._close(lid)
             return expired
+
+    def _forget(self, lease: pb.Lease) -> None:
+        """Drop `lease` from the open leases and the peer index (caller holds the lock; its
+        deadline stays on the heap until `expire` passes it)."""
+        del self._open[lease.lease_id]
+        mine = self._of_peer[lease.peer_id]
+        del mine[lease.lease_id]
+        if not mine:
+            del self._of_peer[lease.peer_id]
 
     def _close(self, lease_id: str) -> None:
         """Drop open lease `lease_id` and re-queue its unanswered indices (caller holds the lock)."""
-        lease = self._open.pop(lease_id)
+        lease = self._open[lease_id]
+        self._forget(lease)
         answered = self._answered.get(lease_id, set())
         missing = [i for i in lease.prompt_indices if i not in answered]
         self._unanswered -= len(set(missing))
@@ -137,6 +163,6 @@ class LeaseBook:
             return closed
 
     def open_of(self, peer_id: str) -> list[str]:
-        """Ids of the peer's open leases."""
+        """Ids of the peer's open leases, in the order they were issued."""
         with self._lock:
-            return [lid for lid, lease in self._open.items() if lease.peer_id == peer_id]
+            return list(self._of_peer.get(peer_id, ()))

@@ -59,3 +59,24 @@ def test_an_index_answered_under_a_revoked_lease_is_not_reissued():
     book.record_answers(a.lease_id, [0])  # the answer was already in flight
     b = book.issue("w2", 2, 0, pb.SamplingParams(), now_ms=1)
     assert list(b.prompt_indices) == [1, 2]
+
+
+def test_open_of_and_expire_follow_the_indexes_through_answers_revokes_and_restore():
+    """open_of reads a per-peer index and expire a deadline heap: both agree with the open leases
+    after answers, revokes, expiries and a restore."""
+    book = LeaseBook("J", ttl_ms=100)
+    a = book.issue("w1", 2, 0, pb.SamplingParams(), now_ms=0)
+    b = book.issue("w2", 2, 0, pb.SamplingParams(), now_ms=10)
+    c = book.issue("w1", 2, 0, pb.SamplingParams(), now_ms=20)
+    d = book.issue("w1", 2, 0, pb.SamplingParams(), now_ms=30)
+    assert book.open_of("w1") == [a.lease_id, c.lease_id, d.lease_id] and book.open_of("w3") == []
+    assert book.record_answers(a.lease_id, list(a.prompt_indices))        # fully answered: closed
+    book.revoke([c.lease_id])
+    assert book.open_of("w1") == [d.lease_id]
+    assert book.expire(now_ms=105) == []                                  # a's deadline passes closed
+    assert book.expire(now_ms=111) == [b.lease_id] and book.open_of("w2") == []
+    assert book.expire(now_ms=131) == [d.lease_id] and book.open_of("w1") == []
+    e = book.issue("w4", 1, 0, pb.SamplingParams(), now_ms=200)
+    restored = LeaseBook("J", ttl_ms=100)
+    restored.restore([e], admitted=set())
+    assert restored.open_of("w4") == [e.lease_id] and restored.expire(now_ms=301) == [e.lease_id]
