@@ -14,7 +14,7 @@ order: within ~2e-5 in fp32; in bf16 the logits themselves are rounded to bf16 (
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -246,24 +246,75 @@ def _completion_positions(
 def _head_logprobs(
     causal_lm: PreTrainedModel, hidden_NH: torch.Tensor, tokens_N: torch.Tensor, temperature: float, chunk: int
 ) -> torch.Tensor:
-    """LM head (+ Gemma's final logit soft-capping) and `token_logprobs`, `chunk` rows at a time."""
+    """LM head (+ Gemma's final logit soft-capping) and `token_logprobs`, `chunk` rows at a time.
+
+    A frozen linear head (every LoRA job's) goes through `_HeadLogprob`, which never keeps or
+    recomputes a chunk's logits for backward; a trainable or non-linear head is recomputed per
+    chunk in backward (activation checkpointing).
+    """
     if chunk < 1:
         raise ValueError(f"head_chunk_tokens must be >= 1, got {chunk}")
     head = causal_lm.get_output_embeddings()
     softcap = getattr(causal_lm.config, "final_logit_softcapping", None)
+    recompute = torch.is_grad_enabled() and hidden_NH.requires_grad
+    if recompute and isinstance(head, nn.Linear) and not any(p.requires_grad for p in head.parameters()):
+        out = _HeadLogprob.apply(hidden_NH, head.weight, head.bias, tokens_N, temperature, softcap, chunk)
+        return cast(torch.Tensor, out)
 
     def one_chunk(h_nH: torch.Tensor, tok_n: torch.Tensor) -> torch.Tensor:
-        logits_nV = head(h_nH)
-        if softcap is not None:
-            logits_nV = torch.tanh(logits_nV / softcap) * softcap
-        return token_logprobs(logits_nV, tok_n, temperature)
+        return token_logprobs(_softcapped(head(h_nH), softcap), tok_n, temperature)
 
-    recompute = torch.is_grad_enabled() and hidden_NH.requires_grad
     parts = []
     for lo in range(0, hidden_NH.shape[0], chunk):
         h_nH, tok_n = hidden_NH[lo: lo + chunk], tokens_N[lo: lo + chunk]
         parts.append(checkpoint(one_chunk, h_nH, tok_n, use_reentrant=False) if recompute else one_chunk(h_nH, tok_n))
     return torch.cat(parts)
+
+
+def _softcapped(logits_nV: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    return logits_nV if softcap is None else torch.tanh(logits_nV / softcap) * softcap
+
+
+class _HeadLogprob(torch.autograd.Function):
+    """`token_logprobs(softcap(hidden @ W.T + b), tokens, temperature)` for a frozen head, in chunks
+    of rows, with the gradient w.r.t. `hidden` computed in forward.
+
+    Per chunk the [n, V] logits exist once: the log-probs are read from them, and so is
+    d logp_n / d hidden_n = ((onehot(token_n) - softmax_n) / temperature
+    * (1 - tanh^2(logits_n / softcap))) @ W, an [n, H] tensor kept for backward (N x H floats
+    instead of N x V logits, and no second head pass in backward, as checkpointing costs).
+    Backward scales those rows by the incoming gradient. Only the hidden states get a gradient:
+    the head is frozen (`_head_logprobs` checks, and calls this only when `hidden` needs one).
+    The values are the plain path's (same dtype, same operations); the gradient is computed in
+    float32 up to the product with W, which runs in W's dtype as autograd's would.
+    The idea is fused linear + cross-entropy as Liger-Kernel does it (grad in forward, chunked).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, hidden_NH: torch.Tensor, weight_VH: torch.Tensor, bias_V: torch.Tensor | None,
+                tokens_N: torch.Tensor, temperature: float, softcap: float | None, chunk: int) -> torch.Tensor:
+        t = _effective_temperature(temperature)
+        logprobs, grads = [], []
+        for lo in range(0, hidden_NH.shape[0], chunk):
+            h_nH, tok_n = hidden_NH[lo: lo + chunk].contiguous(), tokens_N[lo: lo + chunk].long()
+            logits_nV = _softcapped(F.linear(h_nH, weight_VH, bias_V), softcap)
+            logp_nV = tempered_log_softmax(logits_nV, temperature)
+            logprobs.append(logp_nV.gather(-1, tok_n.unsqueeze(-1)).squeeze(-1))
+            grad_nV = logp_nV.exp_().neg_()                     # -softmax, in place of logp
+            grad_nV.scatter_add_(-1, tok_n.unsqueeze(-1), torch.ones_like(grad_nV[:, :1]))
+            grad_nV.mul_(1.0 / t)
+            if softcap is not None:
+                grad_nV.mul_(1.0 - (logits_nV.float() / softcap).square())
+            grads.append(grad_nV.to(weight_VH.dtype) @ weight_VH)
+            del logits_nV, logp_nV
+        ctx.save_for_backward(torch.cat(grads).to(hidden_NH.dtype))
+        return torch.cat(logprobs)
+
+    @staticmethod
+    def backward(ctx: Any, *grad_outputs: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (dlogp_dh_NH,) = ctx.saved_tensors
+        grad_N = grad_outputs[0]
+        return (grad_N.unsqueeze(-1).to(dlogp_dh_NH.dtype) * dlogp_dh_NH, None, None, None, None, None, None)
 
 
 def _row_groups(

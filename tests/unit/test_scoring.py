@@ -14,6 +14,7 @@ from swarmrl.node.inference.scoring import (
     completion_logprobs,
     completion_logprobs_chunked,
     shared_prompt_logprobs,
+    token_logprobs,
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
@@ -215,3 +216,67 @@ def test_bad_inputs_raise() -> None:
         completion_logprobs(model, PROMPTS, COMPLETIONS, temperature=-1.0, pad_id=PAD)
     with pytest.raises(ValueError):
         completion_logprobs_chunked(model, PROMPTS, COMPLETIONS, temperature=1.0, pad_id=PAD, max_tokens_per_chunk=0)
+
+
+@pytest.mark.parametrize("make", [llama, gemma3])
+@pytest.mark.parametrize(("temperature", "chunk"), [(1.0, 512), (0.6, 3), (0.0, 1)])
+def test_frozen_head_function_matches_checkpointed_head(make, temperature: float, chunk: int) -> None:
+    """`_HeadLogprob` (gradient w.r.t. the hidden states computed in forward, no logits kept)
+    gives the plain path's log-probs and the same gradients, w.r.t. the hidden states and the
+    LoRA weights, in fp32 (with Gemma's soft-capping, a temperature, chunks of a few rows)."""
+    from swarmrl.node.inference import scoring
+
+    model = with_lora(make())
+    causal_lm = scoring.unwrap_causal_lm(model)
+    torch.manual_seed(3)
+    hidden_NH = torch.randn(10, 64, requires_grad=True)
+    tokens_N = torch.randint(0, VOCAB, (10,))
+    weights_N = torch.linspace(-1.0, 2.0, 10)
+    fast_N = scoring._head_logprobs(causal_lm, hidden_NH, tokens_N, temperature, chunk)
+    (fast_grad,) = torch.autograd.grad((fast_N * weights_N).sum(), hidden_NH)
+    head, softcap = causal_lm.get_output_embeddings(), getattr(causal_lm.config, "final_logit_softcapping", None)
+    plain_N = token_logprobs(scoring._softcapped(head(hidden_NH), softcap), tokens_N, temperature)
+    (plain_grad,) = torch.autograd.grad((plain_N * weights_N).sum(), hidden_NH)
+    assert fast_N.grad_fn is not None and type(fast_N.grad_fn).__name__ == "_HeadLogprobBackward"
+    assert torch.allclose(fast_N, plain_N, rtol=0.0, atol=1e-6)
+    assert torch.allclose(fast_grad, plain_grad, rtol=1e-5, atol=1e-6)
+
+    grads = {}
+    for use_function in (True, False):
+        lora = [p for n, p in model.named_parameters() if "lora_" in n]
+        head.weight.requires_grad_(not use_function)   # a trainable head takes the checkpointed path
+        lp_BT, mask_BT = completion_logprobs(model, PROMPTS, COMPLETIONS, temperature=temperature, pad_id=PAD,
+                                             head_chunk_tokens=chunk)
+        grads[use_function] = (lp_BT.detach(), torch.autograd.grad((lp_BT * mask_BT).sum(), lora))
+    head.weight.requires_grad_(False)
+    assert torch.allclose(grads[True][0], grads[False][0], rtol=0.0, atol=1e-6)
+    for g, r in zip(grads[True][1], grads[False][1], strict=True):
+        assert torch.allclose(g, r, rtol=1e-4, atol=1e-5), (float((g - r).abs().max()), float(r.abs().max()))
+    assert any(float(g.abs().max()) > 0 for g in grads[True][1])
+
+
+def test_frozen_head_runs_once_per_chunk_under_grad() -> None:
+    """The head's weight is read once per chunk in forward and never in backward (checkpointing
+    ran it twice): counted by the matmuls that touch a [*, V] tensor."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountHeadMatmuls(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm) and VOCAB in tuple(out.shape) + \
+                    tuple(args[0].shape):
+                self.n += 1
+            return out
+
+    model = with_lora(llama())
+    counter = CountHeadMatmuls()
+    with counter:
+        lp_BT, mask_BT = completion_logprobs(model, PROMPTS, COMPLETIONS, temperature=1.0, pad_id=PAD,
+                                             head_chunk_tokens=4)
+        (lp_BT * mask_BT).sum().backward()
+    chunks = -(-sum(len(c) for c in COMPLETIONS) // 4)
+    assert counter.n == 2 * chunks   # logits and d logp / d hidden, per chunk, both in forward
