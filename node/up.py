@@ -18,6 +18,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import grpc
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column
@@ -25,7 +26,7 @@ from rich.table import Column
 from swarmrl.node.endpoints import collect_endpoints, describe, write_endpoints
 from swarmrl.node.jobs import builtin_job
 from swarmrl.node.local import LocalSwarm, SwarmFailed, signal_handler
-from swarmrl.node.models import find_base_model, prepare_base_model, resolve_model_name
+from swarmrl.node.models import find_base_model, is_builtin_model, prepare_base_model, resolve_model_name
 from swarmrl.node.submitter import fetch_job_adapter, job_status, sign_job, submit_signed
 from swarmrl.node.swarm.figures import base_model_bytes, swarm_figures
 from swarmrl.node.trainer.retention import disk_use
@@ -37,6 +38,7 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 
 console = Console(stderr=True)
 HELPER_NICE = 5  # workers and the validator run at lower CPU priority than the trainer
+VLLM_WORKER_READY_S = 900.0   # a vLLM worker is ready once its server serves (minutes on a loaded CPU)
 
 
 @dataclass
@@ -107,8 +109,10 @@ def _up_job(opts: UpOptions) -> tuple[JobSpec, bytes | None]:
         for warning in loaded.report.warnings:
             console.print(f"[yellow]warning:[/] {warning}")
         return loaded.spec, loaded.dataset
-    model = resolve_model_name(opts.model or "tiny")
-    prepare_base_model(model, opts.cache_dir)
+    model = opts.model or "tiny"
+    if is_builtin_model(model):   # a model folder or cached hub id is used as it is
+        model = resolve_model_name(model)
+        prepare_base_model(model, opts.cache_dir)
     return builtin_job(model, opts.cache_dir, seed=opts.seed, **opts.job_overrides, **over), None
 
 
@@ -160,6 +164,12 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path,
             f"ready_file={json.dumps(str(work / (w + '.ready')))}", "exit_when_done=true", "metrics_port=0",
             f"threads={opts.threads.get('worker', 1)}", *opts.worker_overrides],
             threads=opts.threads.get("worker", 1), nice=HELPER_NICE)
+    vllm = f"backend={json.dumps('vllm')}" in opts.worker_overrides
+    ready_s = VLLM_WORKER_READY_S if vllm else 300
+    if vllm and adversaries:   # vLLM servers start slowly: adversaries would have the job to themselves
+        with console.status(f"waiting for {len(workers)} vLLM workers to start their servers"):
+            for w in workers:
+                swarm.wait_ready(w, work / f"{w}.ready", timeout_s=ready_s)
     for a, mode in adversaries.items():
         swarm.start(a, "worker", net + cache + [
             f"key={json.dumps(str(work / 'keys' / (a + '.key')))}", f"base_model={json.dumps(spec.base_model)}",
@@ -167,7 +177,7 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path,
             "threads=1"], threads=1, nice=HELPER_NICE)
     with console.status(f"waiting for {len(workers) + len(adversaries)} workers to load {spec.base_model}"):
         for w in [*workers, *adversaries]:
-            swarm.wait_ready(w, work / f"{w}.ready", timeout_s=300)
+            swarm.wait_ready(w, work / f"{w}.ready", timeout_s=ready_s)
     with console.status("submitting the job (the trainers load the model)"):
         envelope = sign_job(keys["submitter"], spec, dataset)
         job_ids = {submit_signed(ep, envelope) for ep in endpoints}   # the same signed job: one job id
@@ -230,7 +240,16 @@ def _follow(swarm: LocalSwarm, endpoint: str, job_id: str, spec: JobSpec, timeou
         task = progress.add_task("steps", total=spec.steps, info="waiting for rollouts")
         while True:
             swarm.check_alive(watch or ["bootstrap", "trainer", "validator"])
-            st = job_status(endpoint, job_id, history=1)
+            try:
+                st = job_status(endpoint, job_id, history=1)
+            except grpc.RpcError as exc:   # a busy trainer on a loaded machine: ask again (its death
+                if exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                    raise                  # is check_alive's to report)
+                console.print(f"[yellow]status:[/] {exc.code().name}; asking again")
+                if time.monotonic() > deadline:
+                    raise SwarmFailed(f"job not done after {timeout_s:.0f}s (trainer not answering)") from exc
+                time.sleep(2.0)
+                continue
             progress.update(task, completed=st.step, info=_progress_info(st))
             if disk is not None:
                 disk.sample()

@@ -23,6 +23,11 @@ from torch import nn
 FinishReason = Literal["stop", "length"]
 
 
+class BackendError(RuntimeError):
+    """The inference engine failed (e.g. a vLLM server that crashed or stopped answering), not the
+    request: `InferenceBackend.recover` may bring it back, and the same call may then succeed."""
+
+
 class LoraShape(Protocol):
     """The engine-neutral shape of a LoRA adapter (e.g. `protocol.jobspec.LoraSpec`, frozen)."""
 
@@ -183,6 +188,18 @@ class InferenceBackend(ABC):
         recomputed log-probs are those of the sampler's exact weights. Don't keep it past the
         block. Raises KeyError on an unknown adapter.
         """
+
+    def sampling_problem(self, temperature: float, top_p: float) -> str:
+        """Why this backend can't report sampling log-probs in the swarm's convention at these
+        settings ("" when it can). A job it can't serve this way is a configuration error, skipped
+        before any rollout is signed, never served with numbers that would get the worker banned.
+        The default (a backend that computes the convention itself) can serve every setting."""
+        return ""
+
+    def recover(self) -> None:
+        """Bring a failed engine back after a `BackendError`: restart or reattach it and reload
+        every adapter slot, so the slots serve what they served before. The default (an
+        in-process engine) has nothing to restart. Raises BackendError if it can't."""
 
     def close(self) -> None:
         """Free what the backend holds outside this process (e.g. a vLLM server it started).

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import threading
 from collections.abc import Iterator
 from typing import Any, cast
@@ -250,7 +251,8 @@ class _Sampler(LogitsProcessor):
     (log-probs at temperature 1). Otherwise a draw from softmax(logits / T), restricted to the
     top-p nucleus (the smallest most-likely set with mass >= top_p), by inverse CDF with one
     float32 uniform per row from a private generator. The recorded log-prob is always the full
-    `tempered_log_softmax` (top-p ignored).
+    `tempered_log_softmax` (top-p ignored). A row whose logits hold NaN draws uniformly (token 0
+    when greedy) and records NaN, so the batch finishes and the worker drops that group unsigned.
     """
 
     def __init__(self, sampling: Sampling, device: torch.device) -> None:
@@ -261,11 +263,16 @@ class _Sampler(LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         logp_RV = tempered_log_softmax(scores, self.sampling.temperature)
+        nan_R = torch.isnan(logp_RV).any(dim=-1)   # NaN logits (fp16 overflow, a broken adapter)
+        if bool(nan_R.any()):   # clamp such rows to a uniform draw so the batch goes on, record NaN:
+            uniform = torch.full_like(logp_RV, -math.log(logp_RV.shape[-1]))   # the worker drops the group
+            logp_RV = torch.where(nan_R[:, None], uniform, logp_RV)
         if self.sampling.temperature == 0.0:
-            tokens_R = scores.argmax(dim=-1)
+            tokens_R = torch.where(nan_R, 0, scores.argmax(dim=-1))
         else:
             tokens_R = _draw(logp_RV.exp(), self.sampling.top_p, self.generator)
-        self.steps.append(logp_RV.gather(-1, tokens_R[:, None])[:, 0].cpu())
+        picked_R = logp_RV.gather(-1, tokens_R[:, None])[:, 0]
+        self.steps.append(torch.where(nan_R, torch.full_like(picked_R, math.nan), picked_R).cpu())
         forced_RV = torch.full_like(scores, float("-inf"))
         # transformers annotates processors with the legacy FloatTensor; torch ops return Tensor
         return cast(torch.FloatTensor, forced_RV.scatter_(-1, tokens_R[:, None], 0.0))

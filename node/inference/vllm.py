@@ -325,7 +325,10 @@ class VLLMBackend(InferenceBackend):
         values = [float(x) for x in choice["logprobs"]["token_logprobs"]]
         if len(values) != len(tokens):
             raise VLLMServerError(f"{len(tokens)} tokens but {len(values)} log-probs")
-        logprobs = from_engine(values, LOGPROBS_MODE, sampling.temperature, sampling.top_p)
+        if all(math.isfinite(v) for v in values):
+            logprobs = from_engine(values, LOGPROBS_MODE, sampling.temperature, sampling.top_p)
+        else:   # an engine fault (fp16 overflow, a broken adapter): passed on as NaN, so the worker
+            logprobs = [v if math.isfinite(v) else math.nan for v in values]   # drops the group unsigned
         end, reason = completion_end(self.tokenizer, tokens, self.eos_token_ids, sampling.stop)
         if reason == "length" and end != sampling.max_new_tokens:
             raise VLLMServerError(f"completion of {end} tokens ended ({choice.get('finish_reason')}) "
@@ -334,6 +337,37 @@ class VLLMBackend(InferenceBackend):
         ids = tokens[:end]
         return SampledCompletion(token_ids=ids, logprobs=logprobs[:end], finish_reason=finish,
                                  text=self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    def sampling_problem(self, temperature: float, top_p: float) -> str:
+        """The `ConventionError` a job with these settings would hit ("" at top_p = 1)."""
+        try:
+            from_engine([], LOGPROBS_MODE, temperature, top_p)
+        except ValueError as exc:   # ConventionError, or a bad temperature
+            return str(exc)
+        return ""
+
+    def recover(self) -> None:
+        """After a `BackendError`: if the server no longer answers, restart it (one this process
+        started) or wait for it (an operator's), then load every version the slots hold again,
+        from the folders they were written to, under the same content-hash names.
+        Raises VLLMServerError if the server doesn't come back or refuses an adapter."""
+        with self._lock:
+            if self._closed:
+                raise VLLMServerError("the vLLM backend is closed")
+            if self.server.healthy() and self._served() >= set(self._users):
+                return   # a failed request, not a failed server
+            self.server.restart()
+            for version in list(self._users):
+                self.server.post("/v1/load_lora_adapter",
+                                 {"lora_name": version, "lora_path": str(self._dir / version)})
+            log.warning("vLLM backend recovered: %d adapter versions reloaded", len(self._users))
+
+    def _served(self) -> set[str]:
+        """Names the server serves now (adapters and the base model); empty if it can't say."""
+        try:
+            return {str(m["id"]) for m in self.server.get("/v1/models").get("data", [])}
+        except (VLLMServerError, AttributeError, KeyError, TypeError):
+            return set()
 
     @contextlib.contextmanager
     def activated(self, adapter: str | None) -> Iterator[nn.Module]:

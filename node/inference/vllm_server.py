@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from swarmrl.node.inference.base import BackendError
 from swarmrl.node.procs import alive, descendants, end_processes
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,7 @@ class VLLMUnavailable(RuntimeError):
     """vLLM's environment is absent (no .venv-vllm python, no server URL)."""
 
 
-class VLLMServerError(RuntimeError):
+class VLLMServerError(BackendError):
     """The vLLM server failed to start, died, or answered a request with an error."""
 
 
@@ -64,7 +66,8 @@ class ServerSpec:
     max_cpu_loras: adapters kept loaded (jobs x (staleness window + 1)); more are evicted LRU and
         reloaded from their folders on demand.
     max_model_len: prompt + completion tokens per sequence.
-    kv_cache_gib: CPU KV cache (VLLM_CPU_KVCACHE_SPACE; ignored on a GPU).
+    kv_cache_bytes: KV cache size (`--kv-cache-memory-bytes`; `kv_cache_bytes_for` sizes it for a
+        model on the CPU); None: vLLM's default (a share of GPU memory, or 4 GiB on the CPU).
     extra_args: more `vllm serve` flags, e.g. ("--gpu-memory-utilization", "0.5").
     """
 
@@ -74,7 +77,7 @@ class ServerSpec:
     max_loras: int = 2
     max_cpu_loras: int = 8
     max_model_len: int = 2048
-    kv_cache_gib: int = 1
+    kv_cache_bytes: int | None = None
     seed: int = 0
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
@@ -90,13 +93,15 @@ class ServerSpec:
                 "--generation-config", "vllm", "--logprobs-mode", LOGPROBS_MODE,
                 "--max-model-len", str(self.max_model_len), "--seed", str(self.seed),
                 "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(self.max_model_len, 8192)),
-                "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log", *self.extra_args]
+                "--host", "127.0.0.1", "--port", str(port), "--disable-uvicorn-access-log",
+                *(["--kv-cache-memory-bytes", str(self.kv_cache_bytes)] if self.kv_cache_bytes else []),
+                *self.extra_args]
 
     def env(self) -> dict[str, str]:
         """Environment of the server process: runtime LoRA loading on, offline, no telemetry."""
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
-        env.update(VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib),
-                   HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("PYTHON", "VIRTUAL_ENV")) and k != "VLLM_CPU_KVCACHE_SPACE"}   # it overrides
+        env.update(VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1")
         return env
 
 
@@ -106,17 +111,34 @@ _DIE_WITH_PARENT = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 15, 0, 0
                     "os.getppid() == int(sys.argv[1]) or sys.exit(1); os.execv(sys.argv[2], sys.argv[2:])")
 
 BASE_NAME = "swarmrl-base"   # the served name of the base model (never an adapter's name)
+KV_CACHE_SEQUENCES = 16        # full-length sequences the CPU KV cache holds (a worker's batch)
+KV_CACHE_FLOOR_BYTES = 64 * 2**20
+
+
+def kv_cache_bytes_for(hf_config: Any, max_model_len: int, dtype_bytes: int) -> int:
+    """A CPU KV cache for `KV_CACHE_SEQUENCES` sequences of `max_model_len` tokens: keys and values
+    of every layer's KV heads (Gemma 3 270M bf16 at 2048 tokens: 18 layers x 1 head x 256 x 2 x 2
+    bytes = 18 KiB a token, 576 MiB), at least `KV_CACHE_FLOOR_BYTES`. vLLM's CPU default is 4 GiB
+    a server whatever the model, which a 2-worker swarm on a small machine can't spare."""
+    text = getattr(hf_config, "text_config", None) or hf_config
+    heads = int(text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    per_token = 2 * int(text.num_hidden_layers) * kv_heads * head_dim * dtype_bytes
+    return max(KV_CACHE_FLOOR_BYTES, per_token * max_model_len * KV_CACHE_SEQUENCES)
 
 
 class VLLMServer:
     """A running vLLM server: its URL, and (when this process started it) its process."""
 
     def __init__(self, url: str, proc: subprocess.Popen[bytes] | None = None, log_path: Path | None = None,
-                 base_name: str = "") -> None:
+                 base_name: str = "", spec: ServerSpec | None = None, python: Path | None = None) -> None:
         self.url = url.rstrip("/")
         self.proc = proc
         self.log_path = log_path
         self.base_name = base_name or BASE_NAME   # the served name of the base model
+        self.spec, self.python = spec, python       # what `restart` starts again (None: attached)
+        self.remove_on_close: Path | None = None    # a temporary folder (the log's) `close` deletes
 
     @classmethod
     def attach(cls, url: str, timeout_s: float = 10.0) -> VLLMServer:
@@ -151,7 +173,7 @@ class VLLMServer:
             argv = [str(python), "-c", _DIE_WITH_PARENT, str(os.getpid()), *spec.argv(python, port)]
             proc = subprocess.Popen(argv, env=spec.env(), stdout=sink, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, process_group=0)
-        server = cls(f"http://127.0.0.1:{port}", proc, log_path)
+        server = cls(f"http://127.0.0.1:{port}", proc, log_path, spec=spec, python=python)
         try:
             server.wait_healthy(timeout_s)
         except BaseException:
@@ -159,6 +181,30 @@ class VLLMServer:
             raise
         log.info("vLLM server pid %d at %s (log %s)", proc.pid, server.url, log_path)
         return server
+
+    def healthy(self) -> bool:
+        """Whether the server answers GET /health with 200 now (and, if started here, still runs)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=5) as reply:
+                return bool(reply.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def restart(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Bring a failed server back: one started here is ended (whatever is left of it) and
+        started again with the same spec, on a new port, appending to the same log; an attached
+        one is waited for. It then serves no adapter. Raises VLLMServerError if it doesn't serve
+        within `timeout_s`."""
+        if self.spec is None:
+            self.wait_healthy(timeout_s)
+            return
+        assert self.log_path is not None
+        self._end(STOP_GRACE_S)
+        fresh = VLLMServer.start(self.spec, self.log_path, self.python, timeout_s=timeout_s)
+        self.url, self.proc = fresh.url, fresh.proc
+        log.warning("vLLM server restarted: pid %s at %s", self.proc.pid if self.proc else None, self.url)
 
     def wait_healthy(self, timeout_s: float) -> None:
         """Poll GET /health until 200. Raises VLLMServerError on exit or timeout."""
@@ -209,6 +255,12 @@ class VLLMServer:
     def close(self, grace_s: float = STOP_GRACE_S) -> None:
         """End the server and every process it started (SIGTERM, SIGKILL after `grace_s`).
         No-op for an attached server or one already ended."""
+        self._end(grace_s)
+        if self.remove_on_close is not None:
+            shutil.rmtree(self.remove_on_close, ignore_errors=True)
+            self.remove_on_close = None
+
+    def _end(self, grace_s: float) -> None:
         proc = self.proc
         if proc is None:
             return

@@ -11,7 +11,7 @@ from transformers import AutoConfig
 
 from swarmrl.node.causal_lm import lora_config as make_lora_config
 from swarmrl.node.inference.vllm import VLLMBackend, serving_dtype
-from swarmrl.node.inference.vllm_server import START_TIMEOUT_S, ServerSpec, VLLMServer
+from swarmrl.node.inference.vllm_server import START_TIMEOUT_S, ServerSpec, VLLMServer, kv_cache_bytes_for
 from swarmrl.node.inference.vllm_tiny import VLLM_CPU_HEAD_SIZES
 
 
@@ -38,16 +38,26 @@ def start_vllm_backend(
     else:
         hf_config = AutoConfig.from_pretrained(model_path)
         head = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-        if head not in VLLM_CPU_HEAD_SIZES and not shutil.which("nvidia-smi"):
+        on_cpu = not shutil.which("nvidia-smi")
+        if head not in VLLM_CPU_HEAD_SIZES and on_cpu:
             raise ValueError(f"vLLM's CPU build can't run {model_path.name} (head size {head}; it supports "
                              f"{VLLM_CPU_HEAD_SIZES}); use backend 'hf' for this model")
         dtype = serving_dtype(model_path, hf_config)
+        max_model_len = min(2048, int(getattr(hf_config, "max_position_embeddings", 2048)))
+        dtype_bytes = 4 if dtype == "float32" else 2
         spec = ServerSpec(model_path=model_path, dtype=dtype, max_lora_rank=max_lora_rank, max_loras=max_jobs + 1,
                           max_cpu_loras=max_jobs * versions_per_slot + 1,   # + the base model's zero adapter
-                          max_model_len=min(2048, int(getattr(hf_config, "max_position_embeddings", 2048))),
-                          extra_args=extra_args)
-        log_path = log_path or Path(tempfile.mkdtemp(prefix="swarmrl-vllm-")) / "server.log"
-        server = VLLMServer.start(spec, log_path, timeout_s=start_timeout_s or START_TIMEOUT_S)
+                          max_model_len=max_model_len, extra_args=extra_args,
+                          kv_cache_bytes=kv_cache_bytes_for(hf_config, max_model_len, dtype_bytes) if on_cpu else None)
+        temp = None if log_path is not None else Path(tempfile.mkdtemp(prefix="swarmrl-vllm-"))
+        log_path = log_path or Path(str(temp)) / "server.log"
+        try:
+            server = VLLMServer.start(spec, log_path, timeout_s=start_timeout_s or START_TIMEOUT_S)
+        except BaseException:
+            if temp is not None:
+                shutil.rmtree(temp, ignore_errors=True)
+            raise
+        server.remove_on_close = temp   # the log goes with the server it was made for
     try:
         return VLLMBackend(server, model_path, config, versions_per_slot=versions_per_slot)
     except BaseException:

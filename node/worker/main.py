@@ -33,6 +33,7 @@ from swarmrl.node.swarm.datasets import DatasetFetchStats, DatasetStore, Dataset
 from swarmrl.node.swarm.dht import VerifiedRecord, find_jobs
 from swarmrl.node.swarm.env_records import EnvAnnouncer, env_infos, package_mismatch
 from swarmrl.node.swarm.gossip import GossipNode, UpdateCache
+from swarmrl.node.worker.engine import EngineFailed
 from swarmrl.node.worker.red_team import RedTeam
 from swarmrl.node.worker.session import AdapterBehind, JobSession
 from swarmrl.node.worker.stats import retired, worker_metrics
@@ -179,7 +180,8 @@ class Worker:
             job_id = r.record.job_id
             if job_id not in self.skipped:
                 try:
-                    reason = cannot_run(JobSpec.from_json(r.record.spec_json), self.cfg.environments)
+                    spec = JobSpec.from_json(r.record.spec_json)
+                    reason = cannot_run(spec, self.cfg.environments) or self._sampling_problem(r, spec)
                 except ValueError as exc:
                     reason = f"unreadable job spec: {exc}"
                 if reason:
@@ -188,6 +190,13 @@ class Worker:
             if not self.skipped.get(job_id):
                 out.append(r)
         return out
+
+    def _sampling_problem(self, rec: VerifiedRecord, spec: JobSpec) -> str:
+        """A configuration error: the job's backend can't report its sampling log-probs in the
+        swarm's convention (vLLM at top_p < 1). "" when it can."""
+        backend = self.backends.get(rec.record.base_model_sha256.hex())
+        problem = backend.sampling_problem(spec.sampling.temperature, spec.sampling.top_p) if backend else ""
+        return f"configuration error: {problem}" if problem else ""
 
     def tick(self, dht: hivemind.DHT, stop: threading.Event) -> bool:
         """One pass over the known jobs. Returns False when there is nothing left to do."""
@@ -246,6 +255,9 @@ class Worker:
             stop.wait(self.cfg.poll_s)
         except AdapterBehind as exc:
             log.info("job %s: %s; retrying", rec.record.job_id, exc)
+            stop.wait(self.cfg.poll_s)
+        except EngineFailed as exc:   # the lease is skipped (it expires at the trainer); keep serving
+            log.error("job %s: %s; lease skipped", rec.record.job_id, exc)
             stop.wait(self.cfg.poll_s)
 
     def close(self) -> None:

@@ -25,6 +25,7 @@ from swarmrl.node.swarm.catchup import CatchUp
 from swarmrl.node.swarm.datasets import DatasetFetchStats, DatasetStore, fetch_dataset
 from swarmrl.node.swarm.gossip import GossipNode
 from swarmrl.node.tasks import grader_for
+from swarmrl.node.worker.engine import with_recovery
 from swarmrl.node.worker.stats import SessionStats
 from swarmrl.protocol import delta_sources, signing
 from swarmrl.protocol.envs import PromptSpec, job_environment
@@ -120,6 +121,9 @@ class JobSession:
         self.catch_up(lease.policy_version)
         prompts = self.env.prompts(self.spec.seed, list(lease.prompt_indices))
         groups = self.generate(prompts, lease)
+        if not groups:   # every group dropped (non-finite log-probs): nothing to sign
+            return RoundResult(lease.lease_id, self.loaded_version, 0, 0, ["nonfinite_logprobs"])
+        prompts = [p for p in prompts if p.index in {g.prompt_index for g in groups}]
         self.grade(prompts, groups)
         envelope = self.sign(lease, groups)
         return self.submit(lease, envelope, len(groups))
@@ -151,7 +155,8 @@ class JobSession:
         state, held = self.sync.held()
         if held != self.loaded_version:
             assert state is not None
-            self.backend.set_adapter(self.job_id, state)
+            with_recovery(self.backend, lambda: self.backend.set_adapter(self.job_id, state),
+                          what=f"job {self.job_id[:12]} adapter load", on_fault=self.stats.engine_fault)
             self.loaded_version = held
 
     def prefetch(self, version: int) -> None:
@@ -162,17 +167,28 @@ class JobSession:
         """Sample the lease's G completions per prompt with the job's adapter, under the lease's
         sampling parameters and a fresh random seed; ungraded groups in `prompts` order, each
         completion stamped with the adapter version loaded (`loaded_version`).
+
+        A group with a non-finite sampling log-prob (an engine fault: fp16 overflow, a broken
+        adapter) is dropped here, never signed, and counted (`groups_dropped["nonfinite_logprobs"]`).
+        Engine faults are retried after the backend recovers (`engine.with_recovery`); raises
+        EngineFailed when they persist.
         """
         s = lease.sampling
         sampling = Sampling(n=s.n, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
                             stop=tuple(s.stop), seed=int.from_bytes(os.urandom(4), "little"))
         prompt_ids = [render_prompt(self.backend.tokenizer, p, self.spec.chat_template) for p in prompts]
         t0 = time.monotonic()
-        outs = self.backend.generate(prompt_ids, sampling, adapter=self.job_id)
+        outs = with_recovery(self.backend, lambda: self.backend.generate(prompt_ids, sampling, adapter=self.job_id),
+                             what=f"job {self.job_id[:12]} generate", on_fault=self.stats.engine_fault)
         self.stats.generated(sum(map(len, outs)), sum(len(c.token_ids) for cs in outs for c in cs), time.monotonic() - t0)
-        return [pb.Group(prompt_index=p.index, prompt_token_ids=ids,
-                         completions=[self._completion(c) for c in comps])
-                for p, ids, comps in zip(prompts, prompt_ids, outs)]
+        groups = [pb.Group(prompt_index=p.index, prompt_token_ids=ids, completions=[self._completion(c) for c in comps])
+                  for p, ids, comps in zip(prompts, prompt_ids, outs)]
+        kept = [g for g in groups if all(math.isfinite(x) for c in g.completions for x in c.logprobs)]
+        if len(kept) < len(groups):
+            self.stats.groups_dropped["nonfinite_logprobs"] += len(groups) - len(kept)
+            log.warning("lease %s: %d/%d groups dropped unsigned: non-finite sampling log-probs (engine fault)",
+                        lease.lease_id, len(groups) - len(kept), len(groups))
+        return kept
 
     def _completion(self, c: SampledCompletion) -> pb.Completion:
         return pb.Completion(token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason,

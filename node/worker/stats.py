@@ -34,6 +34,8 @@ class SessionStats:
     groups_submitted: int = 0
     groups_admitted: int = 0
     groups_refused: Counter[str] = field(default_factory=Counter)   # by the trainer's reason
+    groups_dropped: Counter[str] = field(default_factory=Counter)   # never signed, by reason ("nonfinite_logprobs")
+    engine_faults: int = 0          # backend calls that failed with BackendError (each retried or given up)
     leases_refused: Counter[str] = field(default_factory=Counter)   # "busy", "banned", "job_done", ...
     catchups: int = 0               # catch-ups that moved the adapter
     catchup_seconds: float = 0.0
@@ -45,6 +47,10 @@ class SessionStats:
         self.tokens += tokens
         self.generate_seconds += seconds
         self.last_tokens_per_second = tokens / seconds if seconds > 0 else 0.0
+
+    def engine_fault(self) -> None:
+        """Record one failed backend call (`worker.engine.with_recovery`)."""
+        self.engine_faults += 1
 
     def caught_up(self, seconds: float) -> None:
         """Record one catch-up that moved the adapter, taking `seconds` (wall)."""
@@ -85,6 +91,10 @@ def session_families(f: Families, job_id: str, session: JobSession | SimpleNames
     for reason, n in sorted(s.groups_refused.items()):
         f.counter(P + "groups_refused_total", "submitted groups the trainer refused, by reason",
                   {**j, "reason": reason}, n)
+    for reason, n in sorted(s.groups_dropped.items()):
+        f.counter(P + "groups_dropped_total", "groups generated but never signed, by reason", {**j, "reason": reason}, n)
+    f.counter(P + "engine_faults_total", "inference engine failures (each retried after recovery, or the lease skipped)",
+              j, s.engine_faults)
     for reason, n in sorted(s.leases_refused.items()):
         f.counter(P + "leases_refused_total", "lease requests refused, by reason", {**j, "reason": reason}, n)
     f.counter(P + "adapter_catchups_total", "catch-ups that moved the adapter to a newer version", j, s.catchups)

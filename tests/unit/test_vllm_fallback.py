@@ -42,3 +42,19 @@ def test_server_command_line_pins_the_sampling_distribution() -> None:
     assert flags["--generation-config"] == "vllm"   # no model-default top_k/top_p
     assert flags["--max-loras"] == "3" and flags["--host"] == "127.0.0.1"
     assert ServerSpec(model_path=Path("/m")).env()["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+
+
+def test_cpu_kv_cache_is_sized_for_the_model() -> None:
+    from types import SimpleNamespace
+
+    from swarmrl.node.inference.vllm_server import KV_CACHE_FLOOR_BYTES, kv_cache_bytes_for
+
+    gemma = SimpleNamespace(num_attention_heads=4, num_key_value_heads=1, head_dim=256, num_hidden_layers=18,
+                            hidden_size=640)   # google/gemma-3-270m's config.json
+    assert kv_cache_bytes_for(gemma, 2048, 2) == 576 * 2**20
+    tiny = SimpleNamespace(num_attention_heads=2, num_key_value_heads=2, head_dim=32, num_hidden_layers=2,
+                           hidden_size=64)
+    assert kv_cache_bytes_for(tiny, 512, 4) == KV_CACHE_FLOOR_BYTES
+    argv = ServerSpec(model_path=Path("/m"), kv_cache_bytes=576 * 2**20).argv(Path("/py"), 8000)
+    assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(576 * 2**20)
+    assert "--kv-cache-memory-bytes" not in ServerSpec(model_path=Path("/m")).argv(Path("/py"), 8000)
