@@ -19,6 +19,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from swarmrl.node.grpc_limits import GrpcLimits
+from swarmrl.node.rate_limits import RateLimits
 from swarmrl.protocol.delta_sources import MAX_PEER_ATTEMPTS
 from swarmrl.protocol.red_team_modes import MODES
 
@@ -132,6 +134,10 @@ class TrainerConfig(_Config):
     # ops HTTP (node/ops_http.py): /metrics, and on a trainer the job pages; None = off, 0 = any free port
     metrics_port: int | None = Field(None, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
+    # gRPC server bounds (node/grpc_limits.py: streams in total / per peer / per address, stream
+    # deadline and idle timeout) and per-peer / per-address rate limits (node/rate_limits.py)
+    grpc_limits: GrpcLimits = GrpcLimits()
+    rate_limits: RateLimits = RateLimits()
 
     @field_validator("device")
     @classmethod

@@ -1,8 +1,20 @@
-"""gRPC channel and server options: message limits set explicitly on both ends."""
+"""gRPC channel and server options: message limits set explicitly on both ends, and keepalive
+settings that agree between them.
+
+Keepalive: our clients ping every `KEEPALIVE_S` (30 s), with or without calls, so a NAT or
+firewall on the way keeps an idle connection open. A server that does not permit that closes the
+connection with GOAWAY "too_many_pings" (grpc's default: one ping per 5 minutes without data, 2
+strikes). So our servers accept pings as often as every `MIN_PING_S` (10 s, the floor grpc's
+own clients enforce on themselves) with or without calls: our own clients and a standard client
+pinging every 30 s both fit with room to spare.
+"""
 
 from __future__ import annotations
 
 MiB = 1 << 20
+KEEPALIVE_S = 30          # how often our clients and servers ping an idle connection
+KEEPALIVE_TIMEOUT_S = 20  # an unanswered ping closes the connection after this long
+MIN_PING_S = 10           # the most often a server lets a client ping (with or without calls)
 
 
 def channel_options(max_message_mb: int) -> list[tuple[str, int]]:
@@ -11,12 +23,21 @@ def channel_options(max_message_mb: int) -> list[tuple[str, int]]:
     return [
         ("grpc.max_send_message_length", limit),
         ("grpc.max_receive_message_length", limit),
-        ("grpc.keepalive_time_ms", 30_000),
+        ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_S * 1000),
         ("grpc.keepalive_permit_without_calls", 1),
     ]
 
 
 def server_options(max_message_mb: int) -> list[tuple[str, int]]:
-    """Options for our servers: the channel limits, and no SO_REUSEPORT (gRPC's default), so a
-    port another process listens on is refused instead of shared (answers would alternate)."""
-    return [*channel_options(max_message_mb), ("grpc.so_reuseport", 0)]
+    """Options for our servers: the channel limits; keepalive enforcement that permits what
+    clients may send (pings every `MIN_PING_S` or more, with no call open, no strikes for those);
+    and no SO_REUSEPORT (gRPC's default), so a port another process listens on is refused
+    instead of shared (answers would alternate)."""
+    return [
+        *channel_options(max_message_mb),
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", MIN_PING_S * 1000),
+        ("grpc.http2.min_ping_interval_without_data_ms", MIN_PING_S * 1000),
+        ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.so_reuseport", 0),
+    ]

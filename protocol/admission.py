@@ -81,6 +81,28 @@ def check_batch_envelope(
     return ""
 
 
+def claimed_job_id(body: bytes) -> str:
+    """The job id (string field 1) that a serialized LeaseRequest or RolloutBatch body starts
+    with, read without parsing the rest; "" if it doesn't start with one. Serializers write
+    fields in number order, so an honest body does; a crafted one can name another job later
+    (the last value wins when parsed), so this is a routing claim only: the job that gets the
+    message checks the parsed job id again."""
+    if len(body) < 2 or body[0] != 0x0A:
+        return ""
+    n, shift, i = 0, 0, 1
+    while i < len(body) and i < 6:
+        b = body[i]
+        n |= (b & 0x7F) << shift
+        i += 1
+        if not b & 0x80:
+            try:
+                return body[i:i + n].decode() if i + n <= len(body) else ""
+            except UnicodeDecodeError:
+                return ""
+        shift += 7
+    return ""
+
+
 def _finite(xs: Sequence[float]) -> bool:
     return all(math.isfinite(x) for x in xs)
 

@@ -48,6 +48,7 @@ class Admission:
         self.bans = BanBook(job_id, ledger)
         self.gate = threading.RLock()
         self.rejections_since_step = 0
+        self.refused: Counter[str] = Counter()   # calls refused before admission (rate limits), by reason
         self.peer_versions: dict[str, int] = {}   # peer -> adapter version it held at its last lease request
 
     def now_ms(self) -> int:
@@ -104,10 +105,21 @@ class Admission:
         for lease_id in self.leases.expire(now):
             self.ledger.close_lease(lease_id)
 
+    def count_refusal(self, reason: str) -> None:
+        """Count a call refused before admission (e.g. a rate limit) under `reason` (in memory:
+        a refusal must cost no disk write)."""
+        with self.gate:
+            self.refused[reason] += 1
+
     # ---- admission
-    def admit(self, envelope: pb.Signed, max_bytes: int) -> pb.BatchReceipt:
+    def admit(self, envelope: pb.Signed, max_bytes: int, *,
+              on_verified: Callable[[str], None] | None = None) -> pb.BatchReceipt:
         """Verify and admit one signed rollout batch; every refusal is counted with its reason.
-        Admitted groups are in the ledger (durable) before the receipt is returned."""
+        Admitted groups are in the ledger (durable) before the receipt is returned.
+
+        on_verified(signer): called once the signature verified, before anything is recorded
+        (the service's per-peer rate limit; it may raise to refuse the call).
+        """
         batch_id = signing.envelope_id(envelope)
         signer = signing.signer_id(envelope) if len(envelope.public_key) == 32 else "unknown"
         if envelope.ByteSize() > max_bytes:
@@ -121,6 +133,10 @@ class Admission:
                     forged = pb.RolloutBatch.FromString(envelope.body)
                     self._strike(holder, BAD_SIGNATURE_ON_OWN_LEASE, forged.lease_id, count=max(1, len(forged.groups)))
                 return self._refuse(batch_id, signer, exc.reason, 1)
+        if on_verified is not None:
+            on_verified(signer)
+        if batch.job_id != self.job_id:   # routed here by a claim read before verification
+            return self._refuse(batch_id, signer, adm.UNKNOWN_JOB, max(1, len(batch.groups)))
         now = self.now_ms()
         with self.gate:
             self.bans.expire(now)

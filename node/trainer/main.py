@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from swarmrl.node.config import TrainerConfig
@@ -24,6 +25,7 @@ from swarmrl.node.trainer.ops import ops_urls, start_trainer_ops
 from swarmrl.node.trainer.retention import Retention
 from swarmrl.node.trainer.service import serve
 from swarmrl.protocol import signing
+from swarmrl.protocol.admission import claimed_job_id
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec, job_id_from_body
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -85,13 +87,14 @@ class Trainer:
                 log.info("hosting job %s (%s on %s) from %s", job_id, spec.environment_id, spec.base_model, submitter)
         return pb.JobAck(job_id=job_id, accepted=True)
 
-    def admit(self, envelope: pb.Signed) -> pb.BatchReceipt:
-        """Route a signed rollout batch to its job (the job id is read after verification)."""
+    def admit(self, envelope: pb.Signed, on_verified: Callable[[str], None] | None = None) -> pb.BatchReceipt:
+        """Route a signed rollout batch to its job, which verifies it (`Admission.admit`, with
+        `on_verified`)."""
         job = self.jobs.get(_claimed_job_id(envelope))
         if job is None:
             self.unrouted_rejections += 1
             return pb.BatchReceipt(batch_id=signing.envelope_id(envelope), accepted=False, reason="unknown_job")
-        return job.admission.admit(envelope, self.cfg.max_batch_mb << 20)
+        return job.admission.admit(envelope, self.cfg.max_batch_mb << 20, on_verified=on_verified)
 
     def report_verdicts(self, envelope: pb.Signed) -> pb.VerdictAck:
         """Act on a trusted validator's signed verdicts."""
@@ -123,11 +126,8 @@ class Trainer:
 
 def _claimed_job_id(envelope: pb.Signed) -> str:
     """The job id a batch claims, read BEFORE verification: used only to route the batch (and
-    count its rejection) to that job, which then verifies everything."""
-    try:
-        return pb.RolloutBatch.FromString(envelope.body).job_id
-    except Exception:  # noqa: BLE001 - any garbage body: unroutable
-        return ""
+    count its rejection) to that job, which then verifies everything, its job id included."""
+    return claimed_job_id(envelope.body)
 
 
 class TrainerLoop:
@@ -188,7 +188,8 @@ def run(cfg: TrainerConfig) -> None:
     """Start the trainer and serve until SIGTERM."""
     stop, identity, dht = start_role("trainer", cfg.key, cfg.net, cfg.threads)
     trainer = Trainer(cfg, identity, dht)
-    server, port = serve(trainer, cfg.net.host, cfg.grpc_port, cfg.max_message_mb)
+    server, port = serve(trainer, cfg.net.host, cfg.grpc_port, cfg.max_message_mb, limits=cfg.grpc_limits,
+                         rate_limits=cfg.rate_limits)
     endpoint = f"{cfg.net.host}:{port}"
     ops = start_trainer_ops(trainer, cfg)
     write_ready(cfg.ready_file, {"endpoint": endpoint, "peer_id": identity.peer_id, "maddrs": visible_maddrs(dht),
@@ -210,7 +211,7 @@ def run(cfg: TrainerConfig) -> None:
     finally:
         if ops is not None:
             ops.close()
-        server.stop(grace=2).wait()
+        server.stop(grace=2).wait()   # bounded: returns within ~3 s even if a handler is stuck
         for job in trainer.jobs.values():
             if job.cotraining is not None:
                 job.cotraining.swarm.shutdown()

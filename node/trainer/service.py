@@ -1,22 +1,28 @@
 """The trainer's gRPC service: thin glue from the wire to `Trainer` / `JobRuntime`.
 
 Each handler verifies the envelope it receives, answers with a reason on bad input and never
-lets one peer's malformed message stop the server.
+lets one peer's malformed message stop the server. Lease requests and submissions are rate limited
+per source address (before the signature is checked) and per verified peer id
+(`node.rate_limits`); a refused lease is a reply with reason and retry hint, a refused submission
+ends its stream with RESOURCE_EXHAUSTED and the hint, so the worker backs off and resends the same
+signed batch. Refusals are counted per job (`JobStatus.refused`). Streams are bounded by the
+server's guard (`node.grpc_guard`).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from concurrent import futures
 from typing import TYPE_CHECKING
 
 import grpc
 
-from swarmrl.node.grpc_options import server_options
-from swarmrl.node.grpc_standard import add_standard_services
-from swarmrl.node.runtime import StartupError
+from swarmrl.node.grpc_guard import RETRY_AFTER_KEY, source_address
+from swarmrl.node.grpc_limits import GrpcLimits
+from swarmrl.node.grpc_server import GuardedServer, build_server
+from swarmrl.node.rate_limits import Kind, RateLimiter, RateLimits, retry_ms
 from swarmrl.protocol import signing
+from swarmrl.protocol.admission import claimed_job_id
 from swarmrl.protocol.blobs import blob_chunks
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
@@ -31,8 +37,20 @@ log = logging.getLogger(__name__)
 class TrainerService(pb_grpc.TrainerServicer):
     """Implements swarmrl.v1.Trainer on top of a `Trainer` (node.trainer.main)."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    def __init__(self, trainer: Trainer, rate_limits: RateLimits | None = None) -> None:
         self.trainer = trainer
+        self.limiter = RateLimiter(rate_limits or RateLimits())
+
+    def _throttled(self, kind: Kind, job_id: str, address: str, peer_id: str = "") -> tuple[str, int]:
+        """(reason, retry hint ms) if the address (or, given, the verified peer) is over its
+        rate for `kind` calls, counted against the job; ("", 0) if the call may go on."""
+        reason, wait = (self.limiter.check_peer(kind, peer_id) if peer_id
+                        else self.limiter.check_address(kind, address))
+        if reason:
+            job = self.trainer.jobs.get(job_id)
+            if job is not None:
+                job.admission.count_refusal(reason)
+        return reason, retry_ms(wait) if reason else 0
 
     def SubmitJob(self, request: pb.Signed, context: grpc.ServicerContext) -> pb.JobAck:
         """Host a signed job (`Trainer.submit_job`); a refusal is an ack with a reason."""
@@ -41,6 +59,10 @@ class TrainerService(pb_grpc.TrainerServicer):
     def RequestLease(self, request: pb.Signed, context: grpc.ServicerContext) -> pb.LeaseReply:
         """Lease prompts of a job to the worker that signed the request; a bad signature or an
         unknown job is a reply with a reason and no lease."""
+        address = source_address(context.peer())
+        reason, wait_ms = self._throttled("lease", _claimed_job(request, pb.LeaseRequest), address)
+        if reason:
+            return pb.LeaseReply(reason=reason, retry_after_ms=wait_ms)
         try:
             req, peer = signing.open_signed(request, signing.LEASE_REQUEST, pb.LeaseRequest)
         except signing.SignatureError as exc:
@@ -48,15 +70,32 @@ class TrainerService(pb_grpc.TrainerServicer):
         job = self.trainer.jobs.get(req.job_id)
         if job is None:
             return pb.LeaseReply(reason="unknown_job")
+        reason, wait_ms = self._throttled("lease", req.job_id, address, peer)
+        if reason:
+            return pb.LeaseReply(reason=reason, retry_after_ms=wait_ms)
         return job.admission.request_lease(peer, req)
 
     def SubmitRollouts(self, request_iterator: Iterator[pb.Signed], context: grpc.ServicerContext) -> pb.Receipt:
         """Admit each signed rollout batch of the stream; one receipt entry (accepted or the
-        reason) per batch, in order."""
+        reason) per batch, in order. Over a rate limit the stream ends RESOURCE_EXHAUSTED with a
+        retry hint (batches before it in the stream were admitted, and a resend is a replay)."""
+        address = source_address(context.peer())
         receipt = pb.Receipt()
         for envelope in request_iterator:
-            receipt.batches.append(self.trainer.admit(envelope))
+            job_id = _claimed_job(envelope, pb.RolloutBatch)
+            self._refuse_if_throttled(context, self._throttled("submit", job_id, address))
+
+            def verified(peer_id: str, job_id: str = job_id) -> None:
+                self._refuse_if_throttled(context, self._throttled("submit", job_id, address, peer_id))
+            receipt.batches.append(self.trainer.admit(envelope, on_verified=verified))
         return receipt
+
+    @staticmethod
+    def _refuse_if_throttled(context: grpc.ServicerContext, throttled: tuple[str, int]) -> None:
+        reason, wait_ms = throttled
+        if reason:
+            context.set_trailing_metadata(((RETRY_AFTER_KEY, str(wait_ms)),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, reason)   # raises
 
     def FetchAdapter(self, request: pb.AdapterRequest, context: grpc.ServicerContext) -> Iterator[pb.AdapterChunk]:
         """Stream the signed updates (deltas or a snapshot) that bring the requester to the version
@@ -109,16 +148,18 @@ class TrainerService(pb_grpc.TrainerServicer):
         return self.trainer.report_verdicts(request)
 
 
-def serve(trainer: Trainer, host: str, port: int, max_message_mb: int, workers: int = 8) -> tuple[grpc.Server, int]:
-    """Start the gRPC server on host:port (0 = any free port); returns (server, bound port)."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=server_options(max_message_mb))
-    pb_grpc.add_TrainerServicer_to_server(TrainerService(trainer), server)
-    add_standard_services(server, ["swarmrl.v1.Trainer"])   # grpc.health.v1 + server reflection
-    try:
-        bound = server.add_insecure_port(f"{host}:{port}")
-    except RuntimeError:  # grpcio raises "Failed to bind" where older versions returned 0
-        bound = 0
-    if bound == 0:
-        raise StartupError(f"could not serve gRPC on {host}:{port}: the port is taken or the address is not ours (grpc_port=0 picks a free port)")
-    server.start()
-    return server, bound
+def serve(trainer: Trainer, host: str, port: int, max_message_mb: int, *, limits: GrpcLimits | None = None,
+          rate_limits: RateLimits | None = None) -> tuple[GuardedServer, int]:
+    """Start the trainer's gRPC server on host:port (0 = any free port), with health and
+    reflection, stream bounds `limits` and rate limits `rate_limits` (defaults when None);
+    returns (server, bound port). `server.stop(grace)` is bounded (node.grpc_server)."""
+    service = TrainerService(trainer, rate_limits)
+    return build_server(host, port, max_message_mb=max_message_mb, limits=limits or GrpcLimits(),
+                        services=["swarmrl.v1.Trainer"],
+                        add_servicers=lambda server: pb_grpc.add_TrainerServicer_to_server(service, server))
+
+
+def _claimed_job(envelope: pb.Signed, kind: type[pb.LeaseRequest | pb.RolloutBatch]) -> str:
+    """The job id a signed request claims, read BEFORE verification: only to count a refusal
+    against that job ("" for garbage). Both kinds carry it as field 1 (`claimed_job_id`)."""
+    return claimed_job_id(envelope.body)

@@ -46,6 +46,8 @@ def job_status(job: JobRuntime, history: int, verdicts: int = 0, holders: bool =
     if job.cotraining is not None:
         job.cotraining.swarm.fill_status(st)
     st.groups_rejected.update(ledger.rejection_counts(job_id))
+    with job.admission.gate:
+        st.refused.update(job.admission.refused)
     st.peers.extend(peer_infos(job))
     for row in ledger.steps(job_id)[-history:] if history else []:
         st.history.append(step_metrics(row))

@@ -1105,6 +1105,26 @@ class JobStatus(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class RefusedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     JOB_ID_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
@@ -1134,6 +1154,7 @@ class JobStatus(_message.Message):
     HOLDER_VERSIONS_FIELD_NUMBER: _builtins.int
     SERVING_WORKERS_FIELD_NUMBER: _builtins.int
     UNSERVED_REASON_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     state: _builtins.str
     """"running" | "done" | "unknown" """
@@ -1195,6 +1216,10 @@ class JobStatus(_message.Message):
     def holder_versions(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """delta gossip: holder peer id -> newest version it announces"""
 
+    @_builtins.property
+    def refused(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """calls refused before admission (rate_limited_peer, rate_limited_address), this run"""
+
     def __init__(
         self,
         *,
@@ -1227,10 +1252,11 @@ class JobStatus(_message.Message):
         holder_versions: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         serving_workers: _builtins.int | None = ...,
         unserved_reason: _builtins.str = ...,
+        refused: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers", "serving_workers", b"serving_workers"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers", "adapter_bytes", b"adapter_bytes", "adapter_hash", b"adapter_hash", "averaging_excluded", b"averaging_excluded", "averaging_rounds", b"averaging_rounds", "averaging_solo", b"averaging_solo", "cotrainers", b"cotrainers", "delta_bytes", b"delta_bytes", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_dropped_banned", b"groups_dropped_banned", "groups_on_probation", b"groups_on_probation", "groups_rejected", b"groups_rejected", "history", b"history", "holder_versions", b"holder_versions", "job_id", b"job_id", "peers", b"peers", "policy_version", b"policy_version", "recent_verdicts", b"recent_verdicts", "serving_workers", b"serving_workers", "spec_json", b"spec_json", "state", b"state", "state_syncs", b"state_syncs", "step", b"step", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "unserved_reason", b"unserved_reason", "upload_bytes", b"upload_bytes", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers", "adapter_bytes", b"adapter_bytes", "adapter_hash", b"adapter_hash", "averaging_excluded", b"averaging_excluded", "averaging_rounds", b"averaging_rounds", "averaging_solo", b"averaging_solo", "cotrainers", b"cotrainers", "delta_bytes", b"delta_bytes", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_dropped_banned", b"groups_dropped_banned", "groups_on_probation", b"groups_on_probation", "groups_rejected", b"groups_rejected", "history", b"history", "holder_versions", b"holder_versions", "job_id", b"job_id", "peers", b"peers", "policy_version", b"policy_version", "recent_verdicts", b"recent_verdicts", "refused", b"refused", "serving_workers", b"serving_workers", "spec_json", b"spec_json", "state", b"state", "state_syncs", b"state_syncs", "step", b"step", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "unserved_reason", b"unserved_reason", "upload_bytes", b"upload_bytes", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__serving_workers: _TypeAlias = _typing.Literal["serving_workers"]  # noqa: Y015
     _WhichOneofArgType__serving_workers: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers"]  # noqa: Y015
