@@ -45,7 +45,7 @@ class World:
                          for r in range(n)]
         self.gossip = DeltaSpread(sc.gossip, self.profile.delta_bytes, self.profile.snapshot_bytes,
                                   sc.network.announce_s, sc.seed, self.trainer_source)
-        self.validators = Validators(sc.validation, sc.seed, self.metrics, self.schedule, self.ban)
+        self.validators = Validators(sc.validation, sc.seed, self.metrics, self.schedule, self.ban, self.passed)
         self.version, self.done = 0, False
         self.workers: list[Worker] = []
         self.live: dict[int, Worker] = {}
@@ -109,6 +109,11 @@ class World:
         for t in self.trainers:
             if w.peer_id not in t.banned:
                 self.metrics.waste("banned", t.ban(w))
+
+    def passed(self, w: Worker) -> None:
+        """A validator passed `w` (as of `w.passed_s`): its groups at every trainer leave probation then."""
+        for t in self.trainers:
+            t.pending.passed(w)
 
     # ---- processes
     def _arrivals(self) -> Generator[simpy.Event, Any, None]:

@@ -186,4 +186,4 @@ def test_the_simulated_trainer_refuses_leases_once_open_ones_fill_the_backlog():
     t = SimTrainer(0, 1, job, Uplink("na", 1e9), Metrics(), 0.0)
     got = [t.request_lease(worker(i), 0.0, 0, False)[0] for i in range(6)]
     assert got == ["lease"] * 4 + ["busy"] * 2                 # 4 leases x 4 prompts = 2 batches of 8
-    assert t.pending == type(t.pending)()
+    assert len(t.pending) == 0
