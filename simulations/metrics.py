@@ -80,8 +80,8 @@ def summarize(m: Metrics, *, scenario: dict[str, Any], sim_s: float, wall_s: flo
               interrupted: bool, job_start_s: float, fetches_failed: dict[str, int] | None = None,
               uplink_queue_s_max: dict[str, float] | None = None) -> dict[str, Any]:
     """The run's figures (summary.json). `fetches_failed`: adapter fetches that timed out or lost
-    their sender, by source ("peer", "trainer"); `uplink_queue_s_max`: the longest backlog (s) a
-    fetch left on a sender's uplink, by source."""
+    their sender, by source ("peer", "trainer"); `uplink_queue_s_max`: the longest a fetch's
+    first byte waited on the sender's uplink (s), by source."""
     generated = max(1, m.counts["groups_generated"])
     ingest = [m.ingest_by_s.get(s, 0) / trainers for s in range(int(sim_s))]
     last_step_s = m.steps[-1][0] if m.steps else None
