@@ -95,6 +95,7 @@ class DeltaSpread:
         self._served = 0                                     # trainer fetches of the version being spread
         self.sources_chosen: list[Worker] = []               # peers ever chosen as a source (tests read it)
         self.limit = cfg.max_peer_attempts                   # peer fetches per update and catch-up (0: all)
+        self.events = 0                                      # decisions, announcements and wait ends processed
 
     # ---- queries
     def held_at(self, w: Worker, version: int) -> float:
@@ -158,6 +159,7 @@ class DeltaSpread:
         for _ in range(MAX_TRIES):
             if at >= min(w.leaves_s, start + GIVE_UP_S):
                 break
+            self.events += 1
             src = self._pick(found, w, at, failed, delta_sources.attempts_left(self.limit, asked))
             got = self._fetch(w, src, size, at)
             if got.ok:
@@ -281,6 +283,7 @@ class _Round:
                         self._fetch(w, None, at, tries)
                 continue
             at, kind, _, item = heapq.heappop(self.heap)
+            self.s.events += 1
             if kind == _ANNOUNCE:
                 self.announcing -= 1
                 self.found.append(item)

@@ -9,6 +9,7 @@ between them (Ctrl-C) and report how far it got.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Callable, Generator
@@ -193,6 +194,11 @@ class World:
                 "cheaters_banned": sum(1 for w in self.workers if w.cheater and w.banned_s <= self.env.now),
                 "trainer_upload_bytes": self.gossip.trainer_bytes, "peer_upload_bytes": self.gossip.peer_bytes,
                 "ingest_groups_per_s": round(ingest / max(1, sum(t.alive for t in self.trainers)), 3)}
+
+    def simpy_events(self) -> int:
+        """How many events the SimPy environment has scheduled so far (its event id counter)."""
+        eid: itertools.count[int] = self.env._eid   # SimPy keeps no public count
+        return next(eid)
 
     # ---- running
     def run(self, until_s: float, should_stop: Callable[[], bool], slice_s: float = 60.0,
