@@ -6,11 +6,14 @@ version at a time; ask the peers that announce the update (not ourselves, not pe
 sending something that did not verify, only updates signed by a trainer we accept) in random
 order, at most `max_peer_attempts` of them per update and catch-up (worker config; 0, the
 default `MAX_PEER_ATTEMPTS`: all of them); when none announces it yet, wait a random share of
-`peer_wait_s` for one to appear; then fall back to the trainer.
+`peer_wait_s` for one to appear (`wait_rule` "fixed", the default; "scaled" makes that ceiling
+grow with the number of peers that hold the previous version, `wait_ceiling_s`); then fall back to
+the trainer.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Container, Iterable
 from typing import Protocol, TypeVar
@@ -84,3 +87,27 @@ def holder_wait_s(peer_wait_s: float, rng: random.Random) -> float:
     if peer_wait_s < 0:
         raise ValueError(f"peer_wait_s must be >= 0, got {peer_wait_s}")
     return rng.uniform(0, peer_wait_s) if peer_wait_s > 0 else 0.0
+
+
+WAIT_RULES = ("fixed", "scaled")
+WAIT_RULE = "fixed"
+"""How long a worker may wait for a peer to announce a fresh update: "fixed", up to `peer_wait_s`
+(the default), or "scaled", `wait_ceiling_s`'s ceiling that grows with the swarm."""
+SCALED_FROM_HOLDERS = 128
+"""The "scaled" rule waits nothing up to this many holders of the previous version, then
+`peer_wait_s` more per doubling."""
+
+
+def wait_ceiling_s(peer_wait_s: float, rule: str, holders: int) -> float:
+    """The ceiling of the random wait for a holder (`holder_wait_s`'s `peer_wait_s`): `peer_wait_s`
+    under the "fixed" rule; under "scaled", peer_wait_s * log2(holders / SCALED_FROM_HOLDERS) and
+    at least 0, where `holders` is how many peers announce the version the worker holds (the
+    previous one): a small swarm asks its trainer at once, a large one waits for the peers that
+    will hold the update, each doubling of the swarm a little longer."""
+    if peer_wait_s < 0:
+        raise ValueError(f"peer_wait_s must be >= 0, got {peer_wait_s}")
+    if rule == "fixed":
+        return peer_wait_s
+    if rule != "scaled":
+        raise ValueError(f"wait_rule must be one of {', '.join(WAIT_RULES)}, got {rule!r}")
+    return peer_wait_s * max(0.0, math.log2(max(holders, 1) / SCALED_FROM_HOLDERS))

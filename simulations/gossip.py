@@ -4,7 +4,8 @@ The rule is the product's (`protocol/delta_sources.py`): a joining worker takes 
 (from a peer holding one within `max_gap`, else its trainer) and deltas from there; a running
 worker notices a new version at its next sync poll and asks the announced holders in random order
 (at most `max_peer_attempts` of them per update and catch-up), waiting a random share of
-`peer_wait_s` for one to appear before it asks the trainer. Peers behind
+`peer_wait_s` (`wait_rule` "scaled": of `delta_sources.wait_ceiling_s` for the previous version's
+reachable holders) for one to appear before it asks the trainer. Peers behind
 NAT accept no inbound stream, so they never announce and are never a source.
 
 Fetches fail as the product's do (network.fetch): a peer fetch after PEER_FETCH_TIMEOUT_S or when
@@ -17,9 +18,10 @@ Granularity: a version's spread over all live workers is computed when it is pub
 of the workers' decision times (a heap, retries included) with a heap of pending announcements
 (no SimPy event per fetch). A holder that left is skipped, as a failed dial would be. A worker
 still failing GIVE_UP_S after the version was published stops there; its next lease catches it up
-afresh (worker.py). The bound keeps one version's retries from booking uplinks far ahead of the
-clock: an uplink keeps one `busy_until`, so a reservation made for a later time stands ahead of
-requests made afterwards for an earlier one.
+afresh (worker.py). Fetches are booked on the senders' uplinks as they are computed, which can be
+ahead of the clock (a whole version's spread at its publish, a joiner's chain of deltas); the
+uplink book keeps its stretches in time order (network.Uplink), so those bookings do not delay
+requests made later for an earlier time.
 """
 
 from __future__ import annotations
@@ -88,10 +90,12 @@ class DeltaSpread:
         self.trainer_bytes = 0
         self.peer_bytes = 0
         self.failed = {"peer": 0, "trainer": 0}              # failed fetches (timed out or sender gone)
-        self.queue_s_max = {"peer": 0.0, "trainer": 0.0}     # longest uplink backlog a fetch left behind (s)
+        self.queue_s_max = {"peer": 0.0, "trainer": 0.0}     # longest a fetch's first byte waited on an uplink (s)
+        self.clock_s = 0.0                                   # the simulated clock at the last publish or join
         self._served = 0                                     # trainer fetches of the version being spread
         self.sources_chosen: list[Worker] = []               # peers ever chosen as a source (tests read it)
         self.limit = cfg.max_peer_attempts                   # peer fetches per update and catch-up (0: all)
+        self.events = 0                                      # decisions, announcements and wait ends processed
 
     # ---- queries
     def held_at(self, w: Worker, version: int) -> float:
@@ -126,15 +130,17 @@ class DeltaSpread:
         """One fetch of `size` bytes by `w` from peer `src` (None: its trainer) asked at `start` (s)."""
         if src is None:
             up, gone = self.trainer_source(w, start)
+            up.forget_before(self.clock_s)
             got = fetch(up, gone, w.region, w.down_bps, size, start, TRAINER_FETCH_TIMEOUT_S)
             self.trainer_bytes += got.sent_bytes
         else:
             up = src.uplink
+            up.forget_before(self.clock_s)
             got = fetch(up, src.leaves_s, w.region, w.down_bps, size, start, PEER_FETCH_TIMEOUT_S)
             self.peer_bytes += got.sent_bytes
             self.sources_chosen.append(src)
         kind = "trainer" if src is None else "peer"
-        self.queue_s_max[kind] = max(self.queue_s_max[kind], up.busy_until - start)
+        self.queue_s_max[kind] = max(self.queue_s_max[kind], got.queued_s)
         if not got.ok:
             self.failed[kind] += 1
         return got
@@ -153,6 +159,7 @@ class DeltaSpread:
         for _ in range(MAX_TRIES):
             if at >= min(w.leaves_s, start + GIVE_UP_S):
                 break
+            self.events += 1
             src = self._pick(found, w, at, failed, delta_sources.attempts_left(self.limit, asked))
             got = self._fetch(w, src, size, at)
             if got.ok:
@@ -174,7 +181,7 @@ class DeltaSpread:
     # ---- a worker joins: snapshot, then deltas
     def join(self, w: Worker, now: float) -> float:
         """Catch a new worker up to the current version; returns when it holds it."""
-        want = self.version
+        want, self.clock_s = self.version, now
         assert delta_sources.needs_snapshot(-1, want, self.cfg.max_gap)
         snap_v = want
         for v in range(want, max(-1, want - self.cfg.max_gap - 1), -1):   # the newest within max_gap
@@ -198,7 +205,7 @@ class DeltaSpread:
     # ---- a version is published: every live worker fetches it
     def publish(self, version: int, now: float, live: list[Worker]) -> VersionSpread:
         """Spread `version` (published at `now`, s) over the `live` workers; returns its figures."""
-        self.version, self.published[version] = version, now
+        self.version, self.published[version], self.clock_s = version, now, now
         got = self.held.setdefault(version, {})
         self.holders.setdefault(version, [])
         tb, pb_, fp, ft = self.trainer_bytes, self.peer_bytes, self.failed["peer"], self.failed["trainer"]
@@ -257,6 +264,8 @@ class _Round:
         self.looked: dict[int, float] = {}                  # worker idx -> when it last read the holder records
         self.asked: dict[int, int] = {}                     # worker idx -> peer fetches in its current catch-up
         self.announcing = 0                                 # announcements still on the heap
+        self.wait_s = delta_sources.wait_ceiling_s(        # the ceiling of a wait for a holder
+            spread.cfg.peer_wait_s, spread.cfg.wait_rule, len(spread.holders.get(version - 1, ())))
         for at, w in starts:
             self._push(at, _DECIDE, (w, 0))
 
@@ -274,6 +283,7 @@ class _Round:
                         self._fetch(w, None, at, tries)
                 continue
             at, kind, _, item = heapq.heappop(self.heap)
+            self.s.events += 1
             if kind == _ANNOUNCE:
                 self.announcing -= 1
                 self.found.append(item)
@@ -297,7 +307,7 @@ class _Round:
         elif w.idx not in self.waited and left != 0:
             self.waited.add(w.idx)
             self.waiting[w.idx] = (w, tries)
-            self._push(at + delta_sources.holder_wait_s(self.s.cfg.peer_wait_s, self.s.rng), _DEADLINE, w)
+            self._push(at + delta_sources.holder_wait_s(self.wait_s, self.s.rng), _DEADLINE, w)
         else:
             self._fetch(w, None, at, tries)
 

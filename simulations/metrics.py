@@ -78,10 +78,12 @@ def _q(xs: list[float], q: float) -> float | None:
 def summarize(m: Metrics, *, scenario: dict[str, Any], sim_s: float, wall_s: float, version: int, workers: list[Worker],
               spreads: list[VersionSpread], trainer_bytes: int, peer_bytes: int, trainers: int,
               interrupted: bool, job_start_s: float, fetches_failed: dict[str, int] | None = None,
-              uplink_queue_s_max: dict[str, float] | None = None) -> dict[str, Any]:
+              uplink_queue_s_max: dict[str, float] | None = None,
+              events: dict[str, int] | None = None) -> dict[str, Any]:
     """The run's figures (summary.json). `fetches_failed`: adapter fetches that timed out or lost
-    their sender, by source ("peer", "trainer"); `uplink_queue_s_max`: the longest backlog (s) a
-    fetch left on a sender's uplink, by source."""
+    their sender, by source ("peer", "trainer"); `uplink_queue_s_max`: the longest a fetch's
+    first byte waited on the sender's uplink (s), by source; `events`: the events processed, SimPy's
+    (processes' steps, timeouts) and the gossip's (decisions, announcements, wait ends, retries)."""
     generated = max(1, m.counts["groups_generated"])
     ingest = [m.ingest_by_s.get(s, 0) / trainers for s in range(int(sim_s))]
     last_step_s = m.steps[-1][0] if m.steps else None
@@ -89,6 +91,7 @@ def summarize(m: Metrics, *, scenario: dict[str, Any], sim_s: float, wall_s: flo
     return {
         "scenario": scenario.get("name", "custom"), "simulated_s": round(sim_s, 1), "wall_s": round(wall_s, 1),
         "interrupted": interrupted, "workers_total": len(workers), "trainers": trainers,
+        "events": dict(events or {}),
         "versions": version, "versions_per_hour": round(version / (sim_s / 3600), 1) if sim_s else 0.0,
         "steps_per_minute": round(version / (stepping_s / 60), 2) if version and stepping_s else 0.0,
         "seconds_to_last_step": round(last_step_s, 2) if last_step_s is not None else None,

@@ -56,7 +56,8 @@ def simulate(sc: Scenario, out: Path | None, *, should_stop: Callable[[], bool] 
                         version=world.version, workers=world.workers, spreads=world.gossip.spreads,
                         trainer_bytes=world.gossip.trainer_bytes, peer_bytes=world.gossip.peer_bytes,
                         trainers=sc.trainers.count, interrupted=interrupted, job_start_s=sc.job_start_s,
-                        fetches_failed=world.gossip.failed, uplink_queue_s_max=world.gossip.queue_s_max)
+                        fetches_failed=world.gossip.failed, uplink_queue_s_max=world.gossip.queue_s_max,
+                        events={"simpy": world.simpy_events(), "gossip": world.gossip.events})
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "scenario.json").write_text(sc.model_dump_json(indent=2) + "\n")

@@ -10,8 +10,7 @@ the ledger (a deque), signatures (a mode flag says a batch's signature is forged
 from __future__ import annotations
 
 import math
-from collections import Counter, deque
-from dataclasses import dataclass
+from collections import Counter
 
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol import red_team_modes as modes
@@ -21,20 +20,12 @@ from swarmrl.protocol.verdicts import BAD_SIGNATURE_ON_OWN_LEASE, STRIKES_TO_BAN
 from swarmrl.simulations import cheaters as ch
 from swarmrl.simulations.metrics import Metrics
 from swarmrl.simulations.network import Uplink
+from swarmrl.simulations.pending import Pending, PendingPool
 from swarmrl.simulations.population import Worker
 from swarmrl.simulations.scenario import JobShape
 
 EXPIRE_EVERY_MS = 1000   # the product expires leases on every lease request; once a second here
 JOB_ID = "sim-job"
-
-
-@dataclass(eq=False)
-class Pending:
-    """An admitted group waiting for a step."""
-
-    peer: Worker
-    version: int
-    admitted_s: float
 
 
 class SimTrainer:
@@ -46,7 +37,7 @@ class SimTrainer:
         self.book = LeaseBook(JOB_ID, ttl_ms=int(job.lease_ttl_s * 1000), shard=(rank, count))
         self.lim = ch.limits(job.max_async_level)
         self.sampling = pb.SamplingParams(n=job.group_size)
-        self.pending: deque[Pending] = deque()
+        self.pending = PendingPool(probation_s)
         self.strikes: Counter[str] = Counter()
         self.banned: set[str] = set()
         self.exposed: set[str] = set()      # leases with a batch recorded (SampleAdmitted shows them)
@@ -110,7 +101,7 @@ class SimTrainer:
             indices.append(index)
             admitted.append(Pending(w, lease.policy_version, now_s))
         self.book.record_answers(lease.lease_id, indices)
-        self.pending.extend(admitted)
+        self.pending.add(admitted, now_s)
         self.m.count("groups_admitted", len(admitted))
         self.m.ingest(now_s, len(admitted))
         return admitted
@@ -150,46 +141,27 @@ class SimTrainer:
         """Ban the peer here: revoke its open leases, drop its untrained groups; returns how many."""
         self.banned.add(w.peer_id)
         self.book.revoke(self.book.open_of(w.peer_id))
-        keep = deque(p for p in self.pending if p.peer is not w)
-        dropped = len(self.pending) - len(keep)
-        self.pending = keep
-        return dropped
+        return self.pending.drop(lambda p: p.peer is w)
 
     # ---- steps
     def drop_stale(self, version: int) -> None:
         """Drop pending groups outside the staleness window of `version` (ledger.drop_stale at a step)."""
         floor = version - self.job.max_async_level
-        keep = deque(p for p in self.pending if p.version >= floor)
-        self.m.waste("stale", len(self.pending) - len(keep))
-        self.pending = keep
-
-    def _ready(self, now_s: float) -> list[Pending]:
-        """Up to `batch_groups` trainable groups, oldest first: past probation (the peer passed a
-        check, or the group is `probation_s` old; job.trainable_cutoff)."""
-        if len(self.pending) < self.job.batch_groups:
-            return []
-        cutoff, out = now_s - self.probation_s, []
-        for p in self.pending:
-            if self.probation_s <= 0 or p.peer.passed_s <= now_s or p.admitted_s <= cutoff:
-                out.append(p)
-                if len(out) == self.job.batch_groups:
-                    break
-        return out
+        self.m.waste("stale", self.pending.drop(lambda p: p.version < floor))
 
     def has_batch(self, now_s: float) -> bool:
-        """True when a full batch of admitted groups is ready to train at `now_s` (s)."""
-        return len(self._ready(now_s)) == self.job.batch_groups
+        """True when a full batch of admitted groups is trainable at `now_s` (s): past probation
+        (the peer passed a check, or the group is `probation_s` old; job.trainable_cutoff)."""
+        return len(self.pending) >= self.job.batch_groups and self.pending.trainable(now_s) >= self.job.batch_groups
 
     def take_batch(self, now_s: float) -> list[Pending]:
-        """Take the next batch (up to `batch_groups` trainable groups) off the pending pool."""
-        batch = self._ready(now_s)
-        taken = set(map(id, batch))
-        self.pending = deque(p for p in self.pending if id(p) not in taken)
-        return batch
+        """Take the next batch (the oldest `batch_groups` trainable groups, or none short of a
+        full batch) off the pending pool."""
+        if not self.has_batch(now_s):
+            return []
+        return self.pending.take(self.job.batch_groups, now_s)
 
     def die(self) -> int:
         """The trainer is gone: its pending groups and open leases are lost; returns the groups."""
         self.alive = False
-        lost = len(self.pending)
-        self.pending.clear()
-        return lost
+        return self.pending.clear()

@@ -5,7 +5,8 @@ A validator reads admitted batches at its next round (`poll_s`), asks the peer's
 rate), draws each group with `validator/sampling.plan_group` (regrade at the rate, the log-prob
 prefill at rate**2 among those), and spends `regrade_s` / `prefill_s` per group on it. A checked
 group of a cheating mode fails its rung (cheaters.VALIDATOR_CAUGHT); a failed banning check bans
-the peer at every trainer when the verdict is ready. Honest peers never fail (no false positives).
+the peer at every trainer when the verdict is ready; a passing one ends the peer's probation then
+(`passed`: the trainers' pending pools). Honest peers never fail (no false positives).
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ class Validators:
     """The job's validators as one pool of `validators` servers."""
 
     def __init__(self, cfg: Validation, seed: int, metrics: Metrics, schedule: Schedule,
-                 ban: Callable[[Worker, str], None]) -> None:
-        self.cfg, self.m, self.schedule, self.ban = cfg, metrics, schedule, ban
+                 ban: Callable[[Worker, str], None], passed: Callable[[Worker], None] = lambda w: None) -> None:
+        self.cfg, self.m, self.schedule, self.ban, self.passed = cfg, metrics, schedule, ban, passed
         self.key = hashlib.sha256(f"validator/{seed}".encode()).digest()
         self.rng = random.Random(f"validator/{seed}")
         self.free_s = [0.0] * cfg.validators
@@ -77,3 +78,4 @@ class Validators:
         else:
             w.passed += checked
             w.passed_s = min(w.passed_s, done)
+            self.passed(w)

@@ -9,6 +9,7 @@ between them (Ctrl-C) and report how far it got.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Callable, Generator
@@ -45,7 +46,7 @@ class World:
                          for r in range(n)]
         self.gossip = DeltaSpread(sc.gossip, self.profile.delta_bytes, self.profile.snapshot_bytes,
                                   sc.network.announce_s, sc.seed, self.trainer_source)
-        self.validators = Validators(sc.validation, sc.seed, self.metrics, self.schedule, self.ban)
+        self.validators = Validators(sc.validation, sc.seed, self.metrics, self.schedule, self.ban, self.passed)
         self.version, self.done = 0, False
         self.workers: list[Worker] = []
         self.live: dict[int, Worker] = {}
@@ -109,6 +110,11 @@ class World:
         for t in self.trainers:
             if w.peer_id not in t.banned:
                 self.metrics.waste("banned", t.ban(w))
+
+    def passed(self, w: Worker) -> None:
+        """A validator passed `w` (as of `w.passed_s`): its groups at every trainer leave probation then."""
+        for t in self.trainers:
+            t.pending.passed(w)
 
     # ---- processes
     def _arrivals(self) -> Generator[simpy.Event, Any, None]:
@@ -188,6 +194,11 @@ class World:
                 "cheaters_banned": sum(1 for w in self.workers if w.cheater and w.banned_s <= self.env.now),
                 "trainer_upload_bytes": self.gossip.trainer_bytes, "peer_upload_bytes": self.gossip.peer_bytes,
                 "ingest_groups_per_s": round(ingest / max(1, sum(t.alive for t in self.trainers)), 3)}
+
+    def simpy_events(self) -> int:
+        """How many events the SimPy environment has scheduled so far (its event id counter)."""
+        eid: itertools.count[int] = self.env._eid   # SimPy keeps no public count
+        return next(eid)
 
     # ---- running
     def run(self, until_s: float, should_stop: Callable[[], bool], slice_s: float = 60.0,

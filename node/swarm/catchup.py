@@ -9,7 +9,9 @@ header's signature (the job's trainer or a cotrainer it lists), the payload's sh
 version asked for, and the from/to adapter hashes when applied. A peer that sends something that
 does not verify only wastes bandwidth: the bytes are counted and the peer is dropped for the
 session. When no peer holds the next delta yet, the replica waits up to `peer_wait_s` (a random
-share of it, so the first fetches of a fresh version spread out) for one to announce it.
+share of it, so the first fetches of a fresh version spread out) for one to announce it; with
+`wait_rule` "scaled" that ceiling grows with the holders of the previous version
+(`delta_sources.wait_ceiling_s`).
 
 Verified updates are kept by the gossip node and served to others.
 """
@@ -85,12 +87,14 @@ class CatchUp:
     def __init__(self, replica: AdapterReplica, *, trainer_fetch: TrainerFetch, signers: Callable[[], set[str]],
                  gossip: GossipNode | None = None, dht: hivemind.DHT | None = None, max_gap: int = 8,
                  peer_wait_s: float = 1.0, max_peer_attempts: int = delta_sources.MAX_PEER_ATTEMPTS,
-                 rng: random.Random | None = None) -> None:
+                 wait_rule: str = delta_sources.WAIT_RULE, rng: random.Random | None = None) -> None:
         delta_sources.needs_snapshot(0, 0, max_gap)   # raises ValueError unless max_gap >= 1
         delta_sources.attempts_left(max_peer_attempts, 0)
+        delta_sources.wait_ceiling_s(peer_wait_s, wait_rule, 0)   # raises ValueError for an unknown rule
         self.replica, self.trainer_fetch, self.signers = replica, trainer_fetch, signers
         self.gossip, self.dht = gossip, dht
         self.max_gap, self.peer_wait_s, self.max_peer_attempts = max_gap, peer_wait_s, max_peer_attempts
+        self.wait_rule = wait_rule
         self.rng = rng or random.Random()
         self.stats = SyncStats()
         self._failures: dict[str, int] = {}
@@ -129,7 +133,7 @@ class CatchUp:
         far = delta_sources.needs_snapshot(self.replica.version, want, self.max_gap)
         if far and not self._snapshot_from_peers(want, holders):
             if self._left(_SNAPSHOT) != 0:   # peers left to ask: wait for one to announce a snapshot
-                holders = self._wait_for_holder(lambda h: self._near_snapshots(want, h))
+                holders = self._wait_for_holder(lambda h: self._near_snapshots(want, h), self.peer_wait_s)
             if not self._snapshot_from_peers(want, holders):
                 self._from_trainer(want, snapshot=True)
                 return
@@ -140,7 +144,9 @@ class CatchUp:
                 continue
             if waited or self._left(key) == 0:
                 break
-            holders, waited = self._wait_for_holder(functools.partial(self._candidates, key)), True
+            ceiling = delta_sources.wait_ceiling_s(self.peer_wait_s, self.wait_rule,
+                                                   len(holders.get((self.replica.version, False), [])))
+            holders, waited = self._wait_for_holder(functools.partial(self._candidates, key), ceiling), True
         if self.replica.version < want:
             self._from_trainer(want, snapshot=False)
 
@@ -155,13 +161,13 @@ class CatchUp:
             return {}
 
     def _wait_for_holder(
-        self, found: Callable[[dict[UpdateKey, list[Holder]]], Sequence[object]]
+        self, found: Callable[[dict[UpdateKey, list[Holder]]], Sequence[object]], ceiling_s: float
     ) -> dict[UpdateKey, list[Holder]]:
-        """Poll the holder records for a random share of `peer_wait_s` until `found(holders)`."""
+        """Poll the holder records for a random share of `ceiling_s` until `found(holders)`."""
         holders: dict[UpdateKey, list[Holder]] = {}
-        if self.gossip is None or self.peer_wait_s <= 0:
+        if self.gossip is None or ceiling_s <= 0:
             return holders
-        deadline = time.monotonic() + delta_sources.holder_wait_s(self.peer_wait_s, self.rng)
+        deadline = time.monotonic() + delta_sources.holder_wait_s(ceiling_s, self.rng)
         while time.monotonic() < deadline:
             time.sleep(0.1)
             holders = self._holders()

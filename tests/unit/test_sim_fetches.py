@@ -186,4 +186,30 @@ def test_the_simulated_trainer_refuses_leases_once_open_ones_fill_the_backlog():
     t = SimTrainer(0, 1, job, Uplink("na", 1e9), Metrics(), 0.0)
     got = [t.request_lease(worker(i), 0.0, 0, False)[0] for i in range(6)]
     assert got == ["lease"] * 4 + ["busy"] * 2                 # 4 leases x 4 prompts = 2 batches of 8
-    assert t.pending == type(t.pending)()
+    assert len(t.pending) == 0
+
+
+# ---- the uplink book keeps its stretches in time order
+def test_a_booking_ahead_of_the_clock_does_not_delay_an_earlier_request():
+    """A retry computed ahead of the clock books 100-110 s; a request made afterwards for 0 s is
+    served at once (not after 110 s), and one that does not fit before 100 s goes after 110 s."""
+    up = Uplink("na", 1 * MB)                        # 10 MB take 10 s
+    assert up.reserve(100.0, 10 * MB) == 110.0
+    assert up.reserve(0.0, 10 * MB) == 10.0
+    assert up.reserve(95.0, 10 * MB) == 120.0        # 95-105 would run into 100: after 110
+    assert up.reserve(10.0, 10 * MB) == 20.0         # touches the first stretch: merged
+    assert up.starts == [0.0, 100.0] and up.ends == [20.0, 120.0]
+    assert up.cancel(110.0, 105.0, 10 * MB) == 5 * MB   # the 100-110 one fails at 105: 105-110 is free
+    assert up.reserve(104.0, 1 * MB) == 106.0 and up.sent_bytes == 36 * MB
+    up.forget_before(50.0)
+    assert up.starts == [100.0, 110.0] and up.busy_until == 120.0
+
+
+def test_the_scaled_wait_grows_per_doubling_of_the_previous_versions_holders():
+    assert delta_sources.wait_ceiling_s(5.0, "fixed", 10_000) == 5.0
+    assert [delta_sources.wait_ceiling_s(5.0, "scaled", n) for n in (0, 100, 128, 256, 1024)] == [0, 0, 0, 5, 15]
+    with pytest.raises(ValueError, match="wait_rule"):
+        delta_sources.wait_ceiling_s(5.0, "longer", 10)
+    with pytest.raises(ValueError, match="peer_wait_s"):
+        delta_sources.wait_ceiling_s(-1.0, "scaled", 10)
+    assert "gossip.wait_rule" in str(pytest.raises(ValueError, Gossip, wait_rule="longer").value)

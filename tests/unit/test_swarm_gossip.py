@@ -4,6 +4,7 @@ error naming unreachable peers."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -257,3 +258,22 @@ def test_the_snapshot_shares_one_budget_over_its_versions(published, monkeypatch
     assert len(gossip.asked) == 2 and all(snap for _, _, snap in gossip.asked)
     assert cu.stats.snapshots == 1 and cu.stats.trainer_updates >= 1
     assert cu.replica.hash == ad.adapter_hash(states[-1])
+
+
+@pytest.mark.parametrize(("rule", "holders", "ceiling"), [("fixed", 300, 2.0), ("scaled", 300, 2.0 * math.log2(300 / 128)),
+                                                          ("scaled", 100, 0.0)])
+def test_the_wait_for_a_holder_scales_with_the_previous_versions_holders(published, monkeypatch, rule, holders,
+                                                                         ceiling):
+    """wait_rule "scaled": the ceiling of the wait for a holder of v1 is peer_wait_s per doubling of
+    v0's holders above 128 (none below); "fixed": peer_wait_s."""
+    trainer, store, _ = published
+    _many_holders(monkeypatch, trainer.peer_id, [(0, False)], n=holders)
+    asked: list[float] = []
+    monkeypatch.setattr(CatchUp, "_wait_for_holder", lambda self, found, ceiling_s: asked.append(ceiling_s) or {})
+    cu = _catchup(_TimingOutGossip(), object(), TrainerFetch(store, 1), trainer, peer_wait_s=2.0,  # type: ignore[arg-type]
+                  wait_rule=rule)
+    cu.replica.apply(_received(store.snapshot(0)))
+    cu.run(1)
+    assert asked == [pytest.approx(ceiling)] and cu.replica.version == 1 and cu.stats.trainer_updates == 1
+    with pytest.raises(ValueError, match="wait_rule"):
+        _catchup(_TimingOutGossip(), object(), TrainerFetch(store, 1), trainer, wait_rule="longer")  # type: ignore[arg-type]
