@@ -257,7 +257,7 @@ def _head_logprobs(
     head = causal_lm.get_output_embeddings()
     softcap = getattr(causal_lm.config, "final_logit_softcapping", None)
     recompute = torch.is_grad_enabled() and hidden_NH.requires_grad
-    if recompute and isinstance(head, nn.Linear) and not any(p.requires_grad for p in head.parameters()):
+    if recompute and _frozen_linear(head):
         out = _HeadLogprob.apply(hidden_NH, head.weight, head.bias, tokens_N, temperature, softcap, chunk)
         return cast(torch.Tensor, out)
 
@@ -269,6 +269,11 @@ def _head_logprobs(
         h_nH, tok_n = hidden_NH[lo: lo + chunk], tokens_N[lo: lo + chunk]
         parts.append(checkpoint(one_chunk, h_nH, tok_n, use_reentrant=False) if recompute else one_chunk(h_nH, tok_n))
     return torch.cat(parts)
+
+
+def _frozen_linear(head: nn.Module) -> bool:
+    """Whether `head` is a plain linear layer with no trainable parameter (`_HeadLogprob` applies)."""
+    return isinstance(head, nn.Linear) and not any(p.requires_grad for p in head.parameters())
 
 
 def _softcapped(logits_nV: torch.Tensor, softcap: float | None) -> torch.Tensor:

@@ -21,6 +21,7 @@ forward through the deltas after it (K >= 2). A version below the floor is answe
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,20 +89,27 @@ def plan_prune(head: int, deltas: set[int], snapshots: set[int], retention: Rete
 
 def disk_use(state_dir: Path) -> dict[str, int]:
     """Bytes under a trainer's state folder, by kind: deltas, snapshots (`jobs/*/adapters`),
-    checkpoints, final exports, the ledger (SQLite with its WAL) and the total."""
+    checkpoints, final exports, the ledger (SQLite with its WAL) and the total.
+
+    The trainer prunes and replaces files and folders while this runs: whatever vanishes during
+    the walk is not counted (`os.walk` skips a folder it can no longer list; `Path.rglob` raises
+    FileNotFoundError when a folder it listed is gone before it descends).
+    """
     root = Path(state_dir)
     out = {"deltas": 0, "snapshots": 0, "checkpoints": 0, "final": 0, "ledger": 0, "total": 0}
-    for path in root.rglob("*"):
-        try:
-            size = path.stat().st_size if path.is_file() else 0
-        except FileNotFoundError:  # pruned while we walked
-            continue
-        out["total"] += size
-        parts = path.relative_to(root).parts
-        if parts[0].startswith("ledger"):
-            out["ledger"] += size
-        elif len(parts) > 3 and parts[2] == "adapters":
-            out["deltas" if path.name.startswith("d") else "snapshots"] += size
-        elif len(parts) > 3 and parts[2] in ("checkpoints", "final"):
-            out[parts[2]] += size
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = Path(folder, name)
+            try:
+                size = path.stat().st_size
+            except FileNotFoundError:  # pruned while we walked
+                continue
+            out["total"] += size
+            parts = path.relative_to(root).parts
+            if parts[0].startswith("ledger"):
+                out["ledger"] += size
+            elif len(parts) > 3 and parts[2] == "adapters":
+                out["deltas" if name.startswith("d") else "snapshots"] += size
+            elif len(parts) > 3 and parts[2] in ("checkpoints", "final"):
+                out[parts[2]] += size
     return out

@@ -4,6 +4,8 @@ process and over gRPC)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -174,6 +176,51 @@ def test_disk_use_by_kind(published, tmp_path: Path) -> None:
     use = disk_use(state_dir)
     assert use["deltas"] > 0 and use["snapshots"] > 0 and use["ledger"] == 10
     assert use["total"] == use["deltas"] + use["snapshots"] + use["ledger"]
+
+
+def test_disk_use_skips_a_folder_pruned_during_the_walk(tmp_path: Path, monkeypatch) -> None:
+    """A checkpoint folder listed, then removed by the trainer before the walk enters it, is not
+    counted, and the walk goes on (Path.rglob raised FileNotFoundError here)."""
+    state_dir = tmp_path / "state"
+    for name in ("old", "new"):
+        (state_dir / "jobs" / JOB / "checkpoints" / name).mkdir(parents=True)
+        (state_dir / "jobs" / JOB / "checkpoints" / name / "adapter.bin").write_bytes(b"x" * 7)
+    (state_dir / "ledger.sqlite").write_bytes(b"x" * 10)
+    victim, real = state_dir / "jobs" / JOB / "checkpoints" / "old", os.scandir
+
+    class Listed:
+        def __init__(self, entries: list) -> None:
+            self.entries = iter(entries)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            return None
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            return next(self.entries)
+
+        def close(self) -> None:
+            return None
+
+    listed: list = []   # the checkpoints folder as listed once, just before "old" was removed
+
+    def scandir(path="."):
+        if not (isinstance(path, (str, Path)) and Path(path).name == "checkpoints"):
+            return real(path)
+        if not listed:
+            with real(path) as it:
+                listed.extend(it)
+            shutil.rmtree(victim)
+        return Listed(listed)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    use = disk_use(state_dir)
+    assert use["checkpoints"] == 7 and use["ledger"] == 10 and use["total"] == 17
 
 
 def test_a_trainer_that_adopted_a_snapshot_prunes_from_it(published, tmp_path: Path) -> None:
