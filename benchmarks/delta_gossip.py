@@ -11,9 +11,11 @@ N workers gossiping adapter deltas) once per worker count and prints, per count:
 `--star` adds a run per count with gossip off (every worker pulls from the trainer) to compare.
 
 Part 2 (`--gemma-steps N`, N > 0) measures real deltas of Gemma 3 270M with the built-in job's
-LoRA config: N GRPO steps on synthetic groups through the trainer's own Learner and AdapterStore,
-each delta's payload next to the base model's bytes, and the same deltas under other lossless
-codecs (raw float32, zstd, byte-shuffled zstd, XOR against the previous version + shuffle).
+LoRA config: N GRPO steps on synthetic groups through the trainer's own Learner and AdapterStore
+(the built-in job's delta codec), each delta's payload next to the base model's bytes, and the
+same deltas under swarmrl's codecs (int4, int8, float32) and other lossless codecs (raw float32,
+zstd, byte-shuffled zstd, XOR against the previous version + shuffle). `benchmarks/delta_size.py`
+measures the codecs alone.
 
     .venv/bin/python benchmarks/delta_gossip.py [--workers 1,2,4,8] [--steps 8] [--star] [--gemma-steps 3]
 """
@@ -66,16 +68,19 @@ def _shuffle(raw: bytes) -> bytes:
 
 
 def codec_sizes(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> dict[str, int]:
-    """Payload bytes of one version under several lossless codecs (all reconstruct `new` exactly
-    from `old`; the first is what swarmrl ships)."""
+    """Payload bytes of one version's delta (`new`: the learner's state after the step) under
+    swarmrl's codecs (int4 and int8 are lossy: replicas get the dequantised delta) and several
+    lossless ones (which reconstruct `new` exactly from `old`)."""
     from swarmrl.protocol import adapter as ad
+    from swarmrl.protocol import delta_codec as dc
 
     names = sorted(old)
     delta, _ = ad.make_delta(old, new)
+    ours = {f"swarmrl {c}": len(dc.encode_delta(delta, c)[0]) for c in dc.CODECS}
     raw_delta = b"".join(delta[k].numpy().tobytes() for k in names)
     xor = b"".join((new[k].view(torch.int32) ^ old[k].view(torch.int32)).numpy().tobytes() for k in names)
     z3, z19 = zstandard.ZstdCompressor(level=3), zstandard.ZstdCompressor(level=19)
-    return {"swarmrl (safetensors delta + zstd-3)": len(ad.encode_state(delta)), "raw float32": len(raw_delta),
+    return {**ours, "raw float32": len(raw_delta),
             "zstd-19 delta": len(z19.compress(raw_delta)), "shuffle + zstd-3 delta": len(z3.compress(_shuffle(raw_delta))),
             "xor prev + shuffle + zstd-3": len(z3.compress(_shuffle(xor)))}
 
@@ -113,9 +118,10 @@ def gemma_deltas(steps: int, root: Path) -> None:
             groups.append(pb.Group(prompt_index=v * 10 + i, prompt_token_ids=ids, completions=comps))
         t0 = time.monotonic()
         learner.step(groups, v - 1)
-        exact, update = store.publish(v, state, learner.state())
+        new = learner.state()
+        exact, update = store.publish(v, state, new)
         learner.load_state(exact)
-        rows.append(codec_sizes(state, exact))
+        rows.append(codec_sizes(state, new))
         sizes.append(len(update.payload))
         state = exact
         print(f"gemma step {v}: delta {len(update.payload)} B ({time.monotonic() - t0:.1f}s)", flush=True)

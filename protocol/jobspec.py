@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -64,6 +65,8 @@ class JobSpec(_Frozen):
     weight_decay: float = Field(0.0, ge=0.0)
     max_grad_norm: float = Field(1.0, gt=0.0)
     max_async_level: int = Field(2, ge=0, le=64, description="max policy versions a rollout may lag")
+    delta_codec: Literal["int4", "int8", "float32"] = Field(
+        "int4", description="how each version's adapter delta is encoded (protocol/delta_codec.py)")
     lease_ttl_s: float = Field(120.0, gt=0.0)
     max_prompt_tokens: int = Field(256, ge=1)
     lora: LoraSpec = LoraSpec()

@@ -17,6 +17,7 @@ from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from swarmrl.protocol import adapter as ad
+from swarmrl.protocol import delta_codec as dc
 from swarmrl.protocol import signing
 from swarmrl.protocol.identity import peer_id_from_public_key
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -117,14 +118,15 @@ class AdapterReplica:
 
         Raises:
             ad.AdapterError: the delta doesn't start from our version/hash, or the result's hash
-                differs from the signed `to_hash`.
+                differs from the signed `to_hash`; dc.DeltaFormatError: a malformed delta payload.
         """
         h = update.header
-        state = ad.decode_state(update.payload)
-        if not h.snapshot:
+        if h.snapshot:
+            state = ad.decode_state(update.payload)
+        else:
             if self.state is None or h.from_version != self.version or h.from_hash != self.hash:
                 raise ad.AdapterError(f"delta {h.from_version}->{h.to_version} does not apply to version {self.version}")
-            state = ad.apply_delta(self.state, state)
+            state = ad.apply_delta(self.state, dc.decode_delta(update.payload))
         got = ad.adapter_hash(state)
         if got != h.to_hash:
             raise ad.AdapterError(f"version {h.to_version}: reconstructed hash {got.hex()[:12]} != {h.to_hash.hex()[:12]}")

@@ -46,12 +46,14 @@ MODEL_PROFILES: dict[str, ModelProfile] = {
     # The main job, Gemma 3 270M r16 all-linear on 2 CPU cores: step median 4.1 s for 8 groups of 8,
     # ~486 groups admitted over 60 steps in ~390 s with 2 workers (a lease of 2 prompts x 8
     # completions x ~6 tokens every ~3.2 s per worker while sharing the cores with the trainer).
-    "gemma-270m-cpu": ModelProfile(delta_bytes=12_700_000, snapshot_bytes=12_700_000, tokens_per_completion=6.0,
+    # A version's delta is the int4 codec's (the job default): median 1,906,378 B over 3 versions,
+    # `benchmarks/delta_size.py --model gemma --steps 3` (12.47 MB as float32); snapshots stay float32.
+    "gemma-270m-cpu": ModelProfile(delta_bytes=1_906_000, snapshot_bytes=12_700_000, tokens_per_completion=6.0,
                                    tokens_per_s={"cpu": 31.0}, round_overhead_s=0.1, step_fixed_s=4.1,
                                    step_per_group_s=0.0, publish_s=0.2, speed_spread=0.0,
                                    notes="measured: swarmrl up (Gemma 270M), docs/ARCHITECTURE.md"),
     # The same adapter on volunteer GPUs, a reasoning-length job (assumed figures).
-    "gemma-270m-gpu": ModelProfile(delta_bytes=12_700_000, snapshot_bytes=12_700_000, tokens_per_completion=512.0,
+    "gemma-270m-gpu": ModelProfile(delta_bytes=1_906_000, snapshot_bytes=12_700_000, tokens_per_completion=512.0,
                                    tokens_per_s={"cpu": 30.0, "rtx3060": 2000.0, "rtx3090": 4000.0,
                                                  "rtx4090": 6000.0, "a100": 8000.0},
                                    round_overhead_s=0.5, step_fixed_s=1.0, step_per_group_s=0.03, publish_s=0.5,

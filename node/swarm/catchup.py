@@ -32,6 +32,7 @@ import hivemind
 from swarmrl.node.swarm.gossip import GossipNode
 from swarmrl.node.swarm.holders import Holder, UpdateKey, find_holders
 from swarmrl.protocol import adapter as ad
+from swarmrl.protocol import delta_codec as dc
 from swarmrl.protocol import delta_sources, signing
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.signing import signer_id
@@ -54,7 +55,9 @@ TrainerFetch = Callable[[pb.AdapterRequest], Iterable[pb.AdapterChunk]]
 
 @dataclass
 class SyncStats:
-    """Where a replica's bytes came from (payload bytes), and when it first held each version."""
+    """Where a replica's bytes came from (payload bytes), and when it first held each version.
+    `rejected`: verified (signed, hash-matching) updates whose delta payload was malformed
+    (`delta_codec.DeltaFormatError`), never applied."""
 
     bytes_from_peers: int = 0
     bytes_from_trainer: int = 0
@@ -62,6 +65,7 @@ class SyncStats:
     peer_updates: int = 0
     trainer_updates: int = 0
     snapshots: int = 0
+    rejected: int = 0
     dropped_peers: set[str] = field(default_factory=set)
     held_at: dict[int, float] = field(default_factory=dict)   # version -> unix seconds
 
@@ -70,7 +74,7 @@ class SyncStats:
         unix seconds (rounded to ms)."""
         return {"bytes_from_peers": self.bytes_from_peers, "bytes_from_trainer": self.bytes_from_trainer,
                 "wasted_bytes": self.wasted_bytes, "peer_updates": self.peer_updates,
-                "trainer_updates": self.trainer_updates, "snapshots": self.snapshots,
+                "trainer_updates": self.trainer_updates, "snapshots": self.snapshots, "rejected": self.rejected,
                 "dropped_peers": sorted(self.dropped_peers),
                 "held_at": {str(v): round(t, 3) for v, t in sorted(self.held_at.items())}}
 
@@ -283,7 +287,11 @@ class CatchUp:
 
     # ---- both
     def _apply(self, update: ReceivedUpdate) -> None:
-        self.replica.apply(update)
+        try:
+            self.replica.apply(update)
+        except dc.DeltaFormatError:
+            self.stats.rejected += 1
+            raise
         if update.header.snapshot:
             self.stats.snapshots += 1
         self.stats.held_at.setdefault(self.replica.version, time.time())

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from swarmrl.node.trainer.retention import Retention, plan_prune
 from swarmrl.protocol import adapter as ad
+from swarmrl.protocol import delta_codec as dc
 from swarmrl.protocol import signing
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -52,23 +53,27 @@ class AdapterStore:
 
     retention: what is kept as versions are added (default: `Retention()`, no staleness window);
     the trainer sets it from its config and the job's `max_async_level`.
+    codec: how published deltas are encoded (`delta_codec`; the job's `delta_codec`); snapshots
+    are always float32.
     """
 
     def __init__(self, root: Path, job_id: str, identity: Identity, *, snapshot_every: int = 10,
-                 retention: Retention | None = None) -> None:
+                 retention: Retention | None = None, codec: dc.DeltaCodec = dc.DEFAULT_CODEC) -> None:
         self.root = root
         self.job_id = job_id
         self.identity = identity
         self.snapshot_every = snapshot_every
         self.retention = retention or Retention()
+        self.encoder = dc.DeltaEncoder(codec)
         self._lock = threading.RLock()
         root.mkdir(parents=True, exist_ok=True)
         self._sizes = {v: (root / f"d{v}.bin").stat().st_size for v in self._versions("d")}
 
-    def _sign(self, *, from_v: int, to_v: int, from_hash: bytes, to_hash: bytes, payload: bytes, snapshot: bool) -> pb.Signed:
+    def _sign(self, *, from_v: int, to_v: int, from_hash: bytes, to_hash: bytes, payload: bytes, snapshot: bool,
+              codec: str = ad.CODEC) -> pb.Signed:
         header = pb.AdapterUpdate(
             job_id=self.job_id, from_version=from_v, to_version=to_v, from_hash=from_hash, to_hash=to_hash,
-            snapshot=snapshot, payload_sha256=ad.payload_sha256(payload), payload_size=len(payload), codec=ad.CODEC,
+            snapshot=snapshot, payload_sha256=ad.payload_sha256(payload), payload_size=len(payload), codec=codec,
         )
         return signing.sign(self.identity, signing.ADAPTER_UPDATE, header)
 
@@ -102,15 +107,17 @@ class AdapterStore:
                                                  payload=payload, snapshot=True), payload)
         return h
 
-    def publish(self, version: int, old: ad.State, new: ad.State) -> tuple[ad.State, StoredUpdate]:
+    def publish(self, version: int, old: ad.State, new: ad.State, *, carry: bool = True) -> tuple[ad.State, StoredUpdate]:
         """Publish version `version` (= old's version + 1) as a signed delta.
 
-        Returns (exact_new, update): exact_new = old + (new - old) is the state to adopt.
+        Returns (exact_new, update): exact_new = old + the delta as every replica decodes it is
+        the state to adopt. carry: keep the codec's error feedback (`DeltaEncoder`; off while
+        cotrainers publish the same versions).
         """
-        delta, exact = ad.make_delta(old, new)
-        payload = ad.encode_state(delta)
+        payload, exact = self.encoder.encode(old, new, carry=carry)
         header = self._sign(from_v=version - 1, to_v=version, from_hash=ad.adapter_hash(old),
-                            to_hash=ad.adapter_hash(exact), payload=payload, snapshot=False)
+                            to_hash=ad.adapter_hash(exact), payload=payload, snapshot=False,
+                            codec=dc.header_codec(self.encoder.codec))
         with self._lock:
             self._put(f"d{version}", header, payload)
             if version % self.snapshot_every == 0:
@@ -121,11 +128,14 @@ class AdapterStore:
     def adopt(self, header: pb.AdapterUpdate, payload: bytes, state_after: ad.State) -> None:
         """Store a verified update published by a cotrainer, re-signed by this trainer.
 
-        `state_after` is the adapter once the update is applied (for periodic snapshots).
+        `state_after` is the adapter once the update is applied (for periodic snapshots). The
+        codec's carried residual is dropped: the head is now what the cotrainer published.
         """
         to_v = int(header.to_version)
         signed = self._sign(from_v=int(header.from_version), to_v=to_v, from_hash=bytes(header.from_hash),
-                            to_hash=bytes(header.to_hash), payload=payload, snapshot=bool(header.snapshot))
+                            to_hash=bytes(header.to_hash), payload=payload, snapshot=bool(header.snapshot),
+                            codec=header.codec or ad.CODEC)
+        self.encoder.reset()
         with self._lock:
             self._put(f"{'s' if header.snapshot else 'd'}{to_v}", signed, payload)
             if not header.snapshot and to_v % self.snapshot_every == 0:
@@ -178,7 +188,7 @@ class AdapterStore:
                 d = self.delta(v)
                 if d is None:
                     return None
-                state = ad.apply_delta(state, ad.decode_state(d.payload))
+                state = ad.apply_delta(state, dc.decode_delta(d.payload))
             self.put_snapshot(version, state)
             return self._get(f"s{version}")
 

@@ -18,6 +18,7 @@ from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.node.swarm.job_swarm import JobSwarm
 from swarmrl.node.swarm.trainer_state import SharedState, pack, priority
 from swarmrl.protocol import adapter as ad
+from swarmrl.protocol import delta_codec as dc
 from swarmrl.protocol.updates import ReceivedUpdate
 
 if TYPE_CHECKING:
@@ -104,8 +105,8 @@ class CotrainerSync:
         with job.lock:
             state, states = job.head_state, []
             for u in updates:
-                payload = ad.decode_state(u.payload)
-                state = payload if u.header.snapshot else ad.apply_delta(state, payload)
+                state = ad.decode_state(u.payload) if u.header.snapshot \
+                    else ad.apply_delta(state, dc.decode_delta(u.payload))
                 if ad.adapter_hash(state) != bytes(u.header.to_hash):
                     raise ad.AdapterError(f"version {u.header.to_version} does not reproduce its signed hash")
                 states.append(state)

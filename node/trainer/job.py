@@ -31,6 +31,7 @@ from swarmrl.node.trainer.ledger import Ledger, PendingGroup
 from swarmrl.node.trainer.status import job_status
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol import admission as adm
+from swarmrl.protocol import delta_codec as dc
 from swarmrl.protocol.envs import job_environment
 from swarmrl.protocol.grpo.reduce import GradientReducer, LocalReduce
 from swarmrl.protocol.identity import Identity
@@ -70,7 +71,7 @@ class JobRuntime:
         self.dataset = dataset
         self.env = job_environment(spec, dataset)
         self.learner = Learner(model_path, spec, device=device)
-        self.store = AdapterStore(self.dir / "adapters", job_id, identity)
+        self.store = AdapterStore(self.dir / "adapters", job_id, identity, codec=spec.delta_codec)
         self._prompt_ids: dict[int, list[int]] = {}
         self.lock = threading.RLock()
         self.version = 0
@@ -103,7 +104,7 @@ class JobRuntime:
                 update = self.store.delta(v)
                 if update is None:
                     break
-                state, step = ad.apply_delta(state, ad.decode_state(update.payload)), v
+                state, step = ad.apply_delta(state, dc.decode_delta(update.payload)), v
             self.learner.load_state(state)
             self.learner.load_optimizer_state(ckpt.optimizer)
             self.version = step
@@ -208,9 +209,11 @@ class JobRuntime:
         return self.wrap_reducer(reducer or LocalReduce()) if self.wrap_reducer else reducer
 
     def publish(self, new_state: ad.State) -> None:
-        """Sign and store the next version's delta; adopt the exact reconstructed state."""
+        """Sign and store the next version's delta; adopt the exact reconstructed state (the
+        codec's error feedback only while no cotrainer publishes the same versions)."""
         with self.lock:
-            exact, update = self.store.publish(self.version + 1, self.head_state, new_state)
+            alone = self.cotraining is None or not self.cotraining.swarm.active
+            exact, update = self.store.publish(self.version + 1, self.head_state, new_state, carry=alone)
             self.learner.load_state(exact)
             self.head_state = exact
             self.version += 1

@@ -301,7 +301,8 @@ class FakeTrainer(pb_grpc.TrainerServicer):
 
 def test_service_round_reports_signed_verdicts_and_advances(world: World, tmp_path: Path) -> None:
     trainer = Identity.from_seed(b"t" * 32)
-    store = AdapterStore(tmp_path / "adapters", JOB, trainer)
+    # lossless: the world's rollouts were sampled with v1 itself, not a quantised v1
+    store = AdapterStore(tmp_path / "adapters", JOB, trainer, codec="float32")
     v0, _ = world.adapters.state(0)
     v1, _ = world.adapters.state(1)
     store.put_snapshot(0, v0)
