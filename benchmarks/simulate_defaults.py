@@ -20,7 +20,11 @@ counts pending groups up to BACKLOG_BATCHES = 2). The variants:
 All of these ask every announced holder of an update before the trainer (max_peer_attempts = 0,
 the rule before issue 13). `--variants peer-attempts` compares that rule with at most N peer
 fetches per update before the trainer (worker config `max_peer_attempts`,
-`protocol/delta_sources.MAX_PEER_ATTEMPTS`), the other settings as "before".
+`protocol/delta_sources.MAX_PEER_ATTEMPTS`), the other settings as "before". `--variants
+wait-rule` compares the fixed wait for a holder with the "scaled" one (`CatchUp(wait_rule=)`,
+`delta_sources.wait_ceiling_s`: peer_wait_s * log2(previous version's holders / 128)), alone and
+with the wait-whole what-if. `--workers` scales a scenario's joins with it; the local-* scenarios
+keep their size (`--workers 0`).
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from swarmrl.simulations.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "simulations" / "scenarios"
 
-BEFORE = {"gossip": {"peer_wait_s": 1.0, "wait_whole": False, "max_peer_attempts": 0},
+BEFORE = {"gossip": {"peer_wait_s": 1.0, "wait_whole": False, "max_peer_attempts": 0, "wait_rule": "fixed"},
           "job": {"backlog_counts_open": False, "backlog_batches": 2}}
 
 
@@ -57,7 +61,14 @@ PEER_ATTEMPTS: list[tuple[str, dict[str, Any]]] = [
     *[(f"max_peer_attempts={n}", variant({"max_peer_attempts": n})) for n in (1, 2, 3, 4, 8, 16)],
 ]
 
-VARIANT_SETS = {"defaults": VARIANTS, "peer-attempts": PEER_ATTEMPTS}
+WAIT_RULE: list[tuple[str, dict[str, Any]]] = [
+    ("fixed, peer_wait_s=1 (before)", variant()),
+    *[(f"scaled, peer_wait_s={n}", variant({"wait_rule": "scaled", "peer_wait_s": float(n)})) for n in (1, 5)],
+    ("scaled 5, wait whole", variant({"wait_rule": "scaled", "peer_wait_s": 5.0, "wait_whole": True})),
+    ("fixed 15, wait whole", variant({"peer_wait_s": 15.0, "wait_whole": True})),
+]
+
+VARIANT_SETS = {"defaults": VARIANTS, "peer-attempts": PEER_ATTEMPTS, "wait-rule": WAIT_RULE}
 
 
 def figures(s: dict[str, Any]) -> dict[str, float]:
@@ -69,6 +80,7 @@ def figures(s: dict[str, Any]) -> dict[str, float]:
             "stale_share": s["wasted_share"]["stale"],
             "trained_per_h": s["groups_trained"] / hours,
             "versions_per_h": s["versions"] / hours,
+            "steps_per_min": s["steps_per_minute"],
             "failed_per_version": sum(s["fetches_failed"].values()) / max(1, s["versions"])}
 
 
@@ -77,9 +89,9 @@ def run_variant(scenario: str, workers: int, seeds: int, top: dict[str, Any], fi
     (first_seed, first_seed + 1, ...)."""
     rows = []
     for seed in range(first_seed, first_seed + seeds):
-        over = {**top, "workers": workers, "seed": seed}
+        over = {**top, "seed": seed, **({"workers": workers} if workers else {})}
         sc = load_scenario(SCENARIOS / f"{scenario}.toml", over)
-        if sc.churn.joins_per_hour:
+        if sc.churn.joins_per_hour and workers:
             sc = load_scenario(SCENARIOS / f"{scenario}.toml",
                                {**over, "churn": {"joins_per_hour": sc.churn.joins_per_hour * workers / 1000}})
         rows.append(figures(simulate(sc, None)))
@@ -100,17 +112,18 @@ def main() -> None:
         print(f"\n{scenario}, {args.workers} workers, 1 simulated hour, mean of {args.seeds} seeds "
               f"from {args.first_seed}")
         print("| variant | reach-95% p50 s | x default | trainer upload share | stale share | groups trained/h "
-              "| x default | versions/h | failed fetches/version | wall s |")
-        print("|---|---|---|---|---|---|---|---|---|---|")
+              "| x default | versions/h | steps/min | failed fetches/version | CPU s |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         base: dict[str, float] = {}
         for name, top in variants:
-            t0 = time.monotonic()
+            t0 = time.process_time()
             f = run_variant(scenario, args.workers, args.seeds, top, args.first_seed)
             base = base or f
             print(f"| {name} | {f['reach_95_s']:.0f} | {f['reach_95_s'] / base['reach_95_s']:.2f} "
                   f"| {f['trainer_share']:.3f} | {f['stale_share']:.3f} | {f['trained_per_h']:,.0f} "
                   f"| {f['trained_per_h'] / base['trained_per_h']:.2f} | {f['versions_per_h']:.1f} "
-                  f"| {f['failed_per_version']:.1f} | {time.monotonic() - t0:.0f} |", flush=True)
+                  f"| {f['steps_per_min']:.1f} "
+                  f"| {f['failed_per_version']:.1f} | {time.process_time() - t0:.0f} |", flush=True)
 
 
 if __name__ == "__main__":
