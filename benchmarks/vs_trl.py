@@ -264,6 +264,7 @@ def run_swarm(spec: JobSpec, model: str, checkpoints: list[float], out: Path, ti
     trainer's newest checkpoint as the wall-clock checkpoints pass."""
     run_dir = out / "up"
     shutil.rmtree(run_dir, ignore_errors=True)
+    out.mkdir(parents=True, exist_ok=True)
     cmd = [str(Path(sys.executable).with_name("swarmrl")), "up", "--model", model, "--steps", str(spec.steps),
            "--seed", str(spec.seed), "--out", str(run_dir), "--timeout", str(timeout_s)]
     result, stop = ArmResult(), threading.Event()
