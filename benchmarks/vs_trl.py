@@ -80,7 +80,7 @@ def trl_settings(spec: JobSpec) -> tuple[dict[str, Any], list[Mismatch]]:
         "epsilon": loss.eps_low, "epsilon_high": loss.effective_eps_high, "beta": loss.kl_beta,
         "scale_rewards": "group" if loss.advantage_scale == "std" else "none",
         "mask_truncated_completions": loss.mask_truncated,
-        "disable_dropout": True, "gradient_checkpointing": False,
+        "disable_dropout": True, "gradient_checkpointing": False, "bf16": False,
         "use_cpu": True, "logging_steps": 1, "save_strategy": "no", "report_to": [],
         "remove_unused_columns": False, "dataloader_num_workers": 0,
     }
@@ -118,6 +118,8 @@ def mismatches(spec: JobSpec) -> list[Mismatch]:
                  "not matched; the ratio is 1 either way when on-policy"),
         Mismatch("activation checkpointing", "none: the learner keeps activations (LoRA on a small model)",
                  "gradient_checkpointing=True by default", "gradient_checkpointing=False"),
+        Mismatch("mixed precision", "none: base weights in the model's dtype (bf16 Gemma, fp32 tiny), LoRA in fp32",
+                 "bf16=True by default (autocast)", "bf16=False: the model as loaded, as the swarm runs it"),
         Mismatch("clock start", "the trainer hosts the job: all processes started, models loaded",
                  "train() begins: model loaded", "both exclude start-up; eval is outside both clocks"),
     ]

@@ -36,7 +36,7 @@ def test_settings_map_every_matched_field(model_cache) -> None:
     assert (kw["temperature"], kw["top_p"], kw["top_k"]) == (spec.sampling.temperature, spec.sampling.top_p, 0)
     assert kw["loss_type"] == "dapo" and kw["epsilon"] == 0.2 and kw["epsilon_high"] == 0.28
     assert kw["scale_rewards"] == "none" and kw["mask_truncated_completions"] and kw["beta"] == 0.0
-    assert kw["disable_dropout"] and not kw["gradient_checkpointing"]
+    assert kw["disable_dropout"] and not kw["gradient_checkpointing"] and not kw["bf16"]
     assert {r.setting for r in rows} >= {"stop strings", "asynchrony", "zero-variance groups", "LoRA dropout"}
 
 
@@ -50,6 +50,7 @@ def test_settings_for_other_variants_and_the_grpo_config(model_cache) -> None:
         assert kw["scale_rewards"] == "group" and any(r.setting == "TIS cap" for r in rows)
         config = GRPOConfig(output_dir="/tmp/unused-vs-trl", **kw)
         assert config.loss_type == TRL_LOSS[variant] and config.num_generations == spec.group_size
+        assert not config.bf16 and not config.gradient_checkpointing
     with pytest.raises(ValueError):
         trl_settings(builtin_job("tiny", model_cache, loss={"variant": "dr_grpo", "loss_constant": 100}))
     assert all(m.how for m in mismatches(builtin_job("tiny", model_cache)))
