@@ -58,8 +58,9 @@ def completion_logprobs(
         dropout in the scores.
     Returns `(logprobs_BT, mask_BT)`: float32 log-probs right-padded with 0.0 to the longest
     completion, and a bool mask of the real tokens. `logprobs_BT` is differentiable w.r.t. the
-    model's trainable parameters when grad is enabled (the LM head is then recomputed in
-    backward, per chunk of `head_chunk_tokens` positions, to bound memory).
+    model's trainable parameters when grad is enabled (the LM head runs per chunk of
+    `head_chunk_tokens` positions, to bound memory; a frozen head's gradient w.r.t. the hidden
+    states is computed in that same pass, `_HeadLogprob`, a trainable one is recomputed in backward).
     Raises ValueError on mismatched batch sizes, empty prompts, out-of-vocabulary ids or a
     negative temperature.
     """
