@@ -109,5 +109,7 @@ def session_families(f: Families, job_id: str, session: JobSession | SimpleNames
     for source, n in (("peer", sync.bytes_from_peers), ("trainer", sync.bytes_from_trainer)):
         f.counter(P + "adapter_received_bytes_total", "adapter payload bytes received, by source",
                   {**j, "source": source}, n)
+    f.counter(P + "adapter_deltas_rejected_total", "signed deltas whose payload was malformed (not applied)", j,
+              sync.rejected)
     served = session.sync.gossip.served_bytes(job_id) if session.sync.gossip is not None else 0
     f.counter(P + "adapter_served_bytes_total", "adapter payload bytes this worker served to peers", j, served)

@@ -120,3 +120,12 @@ def test_undecodable_payload_is_an_adapter_error():
 def test_unknown_codec_is_refused():
     with pytest.raises(ValueError):
         dc.DeltaEncoder("bf16")  # type: ignore[arg-type]
+
+
+def test_job_spec_offers_exactly_the_codecs_with_int4_by_default():
+    from typing import get_args
+
+    from swarmrl.protocol.jobspec import JobSpec
+
+    field = JobSpec.model_fields["delta_codec"]
+    assert get_args(field.annotation) == dc.CODECS and field.default == dc.DEFAULT_CODEC == "int4"

@@ -86,3 +86,28 @@ def test_a_malformed_delta_is_rejected_counted_and_replaced_by_a_snapshot(tmp_pa
     assert worker.stats.rejected == 1 and worker.stats.report()["rejected"] == 1
     assert worker.replica.version == 2 and worker.replica.hash == ad.adapter_hash(states[2])
     assert worker.stats.snapshots == 2   # v0 to start, then v2 instead of the malformed delta
+
+
+def test_a_restarted_trainer_rolls_its_checkpoint_forward_through_int4_deltas(tmp_path: Path, model_cache):
+    """Versions published after the last checkpoint (a crash before it) are replayed from the
+    stored int4 deltas to the same head hash."""
+    from swarmrl.node.jobs import builtin_job
+    from swarmrl.node.models import prepare_base_model
+    from swarmrl.node.trainer.job import JobRuntime
+    from swarmrl.node.trainer.ledger import Ledger
+
+    spec = builtin_job("tiny", model_cache, steps=8)
+    assert spec.delta_codec == "int4"
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    kw = {"identity": TRAINER, "model_path": prepare_base_model("tiny", model_cache), "state_dir": tmp_path,
+          "ledger": ledger}
+    job = JobRuntime("job-int4", spec, **kw)
+    gen = torch.Generator().manual_seed(1)
+    for v in range(1, 4):
+        job.publish({k: t + 1e-3 * torch.randn(t.shape, generator=gen) for k, t in job.head_state.items()})
+        if v == 1:
+            job.checkpoint()
+    again = JobRuntime("job-int4", spec, **kw)
+    assert (again.version, again.head_hash) == (3, job.head_hash) == (3, ad.adapter_hash(job.head_state))
+    assert ad.adapter_hash(again.learner.state()) == job.head_hash
+    ledger.close()

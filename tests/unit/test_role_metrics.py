@@ -62,7 +62,7 @@ def test_worker_metrics_read_the_sessions() -> None:
     stats.leases_refused["busy"] += 1
     stats.caught_up(0.5)
     session = SimpleNamespace(stats=stats, record=pb.JobRecord(head_version=5), replica=SimpleNamespace(version=3),
-                              sync=SimpleNamespace(stats=SimpleNamespace(bytes_from_peers=10, bytes_from_trainer=20),
+                              sync=SimpleNamespace(stats=SimpleNamespace(bytes_from_peers=10, bytes_from_trainer=20, rejected=1),
                                                    gossip=None))
     got = _scrape(lambda: worker_metrics(SimpleNamespace(sessions={"j1": session}, retired={})))
     j = (("job_id", "j1"),)
@@ -74,6 +74,7 @@ def test_worker_metrics_read_the_sessions() -> None:
     assert got[("swarmrl_worker_adapter_version_lag", j)] == 2
     assert got[("swarmrl_worker_adapter_catchup_seconds_total", j)] == 0.5
     assert got[("swarmrl_worker_adapter_received_bytes_total", (("job_id", "j1"), ("source", "peer")))] == 10
+    assert got[("swarmrl_worker_adapter_deltas_rejected_total", j)] == 1
 
 
 def test_validator_metrics_read_the_tallies() -> None:
