@@ -6,7 +6,9 @@ firewall on the way keeps an idle connection open. A server that does not permit
 connection with GOAWAY "too_many_pings" (grpc's default: one ping per 5 minutes without data, 2
 strikes). So our servers accept pings as often as every `MIN_PING_S` (10 s, the floor grpc's
 own clients enforce on themselves) with or without calls: our own clients and a standard client
-pinging every 30 s both fit with room to spare.
+pinging every 30 s both fit with room to spare. (Clients built on grpc's C core, Python's
+included, stop after 2 pings without data unless `grpc.http2.max_pings_without_data` is 0, as
+ours set; Go and Java clients keep pinging.)
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ def channel_options(max_message_mb: int) -> list[tuple[str, int]]:
         ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
         ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_S * 1000),
         ("grpc.keepalive_permit_without_calls", 1),
+        # grpc's C core sends at most 2 pings without data by default, then stops: keepalive
+        # would stop keeping an idle connection (and the NAT mapping under it) alive
+        ("grpc.http2.max_pings_without_data", 0),
     ]
 
 

@@ -116,11 +116,13 @@ def check_completion(c: pb.Completion, lease: pb.Lease, current_version: int, li
         return TOO_LONG
     if len(c.logprobs) != n:
         return LENGTH_MISMATCH
-    if any(t >= lim.vocab_size for t in c.token_ids):
+    if max(c.token_ids) >= lim.vocab_size:   # builtins loop in C: admission runs on every token
         return TOKEN_OUT_OF_VOCAB
-    if not _finite(c.logprobs):
+    # A finite sum means every term is finite (a NaN or an infinity makes it non-finite); only
+    # a non-finite sum needs the term-by-term look (finite terms can overflow a sum).
+    if not math.isfinite(sum(c.logprobs)) and not _finite(c.logprobs):
         return NON_FINITE
-    if any(lp > 1e-4 for lp in c.logprobs):
+    if max(c.logprobs) > 1e-4:
         return LOGPROB_RANGE
     if c.finish_reason not in FINISH_REASONS:
         return BAD_FINISH_REASON

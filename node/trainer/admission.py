@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from swarmrl.node.trainer.bans import BanBook
 from swarmrl.node.trainer.ledger import Ledger
@@ -33,13 +33,14 @@ class Admission:
     """Leases, admission and bans of one job (thread-safe; see the module docstring).
 
     limits: the admission checks' bounds (`protocol.admission.AdmissionLimits`).
-    prompt_ids: token ids of prompt `index`, derived from (job seed, index).
+    prompt_ids: index -> token ids of each of the given prompt indices, derived from (job seed,
+        index) (`JobRuntime.prompt_ids_of`).
     version, done: the job's current policy version and whether it ended (read at each use).
     clock: unix seconds (time.time, or a test's clock).
     """
 
     def __init__(self, job_id: str, spec: JobSpec, ledger: Ledger, *, limits: adm.AdmissionLimits,
-                 prompt_ids: Callable[[int], list[int]], version: Callable[[], int], done: Callable[[], bool],
+                 prompt_ids: Callable[[Iterable[int]], dict[int, list[int]]], version: Callable[[], int], done: Callable[[], bool],
                  prompt_shard: tuple[int, int] = (0, 1), clock: Clock) -> None:
         self.job_id, self.spec, self.ledger, self.limits = job_id, spec, ledger, limits
         self.prompt_ids, self.version, self.done, self.clock = prompt_ids, version, done, clock
@@ -153,22 +154,28 @@ class Admission:
 
     def _admit_groups(self, batch_id: str, envelope: pb.Signed, batch: pb.RolloutBatch, lease: pb.Lease,
                       now: int) -> pb.BatchReceipt:
-        expected = {i: self.prompt_ids(i) for i in lease.prompt_indices}
-        taken = self.ledger.admitted_indices(self.job_id) & set(expected)
-        verdicts, admitted = [], []
+        """Check each group; record the batch, its admitted groups, its rejections and (when
+        every prompt of the lease is now answered) the lease's closing in ONE ledger transaction
+        (one fsync), then answer."""
+        expected = self.prompt_ids(lease.prompt_indices)
+        taken = self.ledger.admitted_among(self.job_id, expected)
+        verdicts, admitted, rejected = [], [], Counter[str]()
         version = self.version()
         for g in batch.groups:
             reason = adm.check_group(g, lease, current_version=version, expected_prompt_ids=expected,
                                      already_admitted=taken, lim=self.limits)
             verdicts.append(pb.GroupVerdict(prompt_index=g.prompt_index, admitted=not reason, reason=reason))
             if reason:
-                self._count_rejection(signer=batch.peer_id, reason=reason)
+                rejected[reason] += 1
             else:
                 admitted.append(g)
                 taken.add(g.prompt_index)
-        self.ledger.admit(batch_id, batch, envelope, admitted, now)  # durable before the receipt
-        if admitted and self.leases.record_answers(lease.lease_id, [g.prompt_index for g in admitted]):
-            self.ledger.close_lease(lease.lease_id)
+        closes = bool(admitted) and taken >= set(lease.prompt_indices)
+        self.ledger.admit(batch_id, batch, envelope, admitted, now, close_lease=closes,   # durable before the receipt
+                          rejections=rejected)
+        self.rejections_since_step += sum(rejected.values())
+        if admitted:
+            self.leases.record_answers(lease.lease_id, [g.prompt_index for g in admitted])
         blamed = [v.reason for v in verdicts if is_attributable(v.reason)]
         if blamed:
             self._strike(batch.peer_id, blamed[-1], lease.lease_id, count=len(blamed))

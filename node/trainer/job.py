@@ -13,12 +13,12 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from peft import PeftModel
 
-from swarmrl.node.causal_lm import render_prompt, vocab_size
+from swarmrl.node.causal_lm import render_prompt, render_prompts, vocab_size
 from swarmrl.node.model_card import write_model_card
 from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.node.swarm.job_swarm import JobSwarm
@@ -88,7 +88,7 @@ class JobRuntime:
             reward_range=self.env.reward_range, num_reward_funcs=len(self.env.reward_funcs),
             max_async_level=spec.max_async_level,
         )
-        self.admission = Admission(job_id, spec, ledger, limits=limits, prompt_ids=self.prompt_ids,
+        self.admission = Admission(job_id, spec, ledger, limits=limits, prompt_ids=self.prompt_ids_of,
                                    version=lambda: self.version, done=lambda: self.done,
                                    prompt_shard=prompt_shard, clock=clock)
 
@@ -138,6 +138,16 @@ class JobRuntime:
             prompt = self.env.prompt(self.spec.seed, index)
             self._prompt_ids[index] = render_prompt(self.learner.tokenizer, prompt, self.spec.chat_template)
         return self._prompt_ids[index]
+
+    def prompt_ids_of(self, indices: Iterable[int]) -> dict[int, list[int]]:
+        """index -> token ids of each prompt (`prompt_ids`), those not cached yet rendered in one
+        batched tokenizer call."""
+        todo = [i for i in dict.fromkeys(indices) if i not in self._prompt_ids]
+        if todo:
+            prompts = [self.env.prompt(self.spec.seed, i) for i in todo]
+            for i, ids in zip(todo, render_prompts(self.learner.tokenizer, prompts, self.spec.chat_template)):
+                self._prompt_ids[i] = ids
+        return {i: self._prompt_ids[i] for i in indices}
 
     # ---- batches
     def ready(self) -> bool:

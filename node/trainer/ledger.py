@@ -10,7 +10,7 @@ import json
 import sqlite3
 import threading
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,28 +127,45 @@ class Ledger:
         return bool(self._query("SELECT 1 FROM batches WHERE batch_id = ?", (batch_id,)))
 
     def admit(
-        self, batch_id: str, batch: pb.RolloutBatch, envelope: pb.Signed, groups: Iterable[pb.Group], now_ms: int
+        self, batch_id: str, batch: pb.RolloutBatch, envelope: pb.Signed, groups: Iterable[pb.Group], now_ms: int,
+        *, close_lease: bool = False, rejections: Mapping[str, int] | None = None,
     ) -> int:
         """Durably record a batch and its admitted groups in one transaction; returns its seq.
 
-        A group's recorded policy version is the oldest of its completions'. Raises
-        sqlite3.IntegrityError (and records nothing) if the batch id was recorded before or a
-        group's prompt index was already admitted for the job.
+        In the same transaction (one commit, one fsync per batch): the batch's rejected groups
+        (`rejections`: reason -> count, as `reject` records them) and, with `close_lease`, the
+        closing of the lease it answered. A group's recorded policy version is the oldest of its
+        completions'. Raises sqlite3.IntegrityError (and records nothing) if the batch id was
+        recorded before or a group's prompt index was already admitted for the job.
         """
         with self._tx() as db:
+            if rejections:
+                db.executemany("INSERT INTO rejections (job_id, peer_id, reason, at_ms) VALUES (?,?,?,?)",
+                               [(batch.job_id, batch.peer_id, r, now_ms) for r, n in rejections.items() for _ in range(n)])
+            if close_lease:
+                db.execute("UPDATE leases SET open = 0 WHERE lease_id = ?", (batch.lease_id,))
             cur = db.execute(
                 "INSERT INTO batches (batch_id, job_id, peer_id, lease_id, received_ms, envelope) VALUES (?,?,?,?,?,?)",
                 (batch_id, batch.job_id, batch.peer_id, batch.lease_id, now_ms, envelope.SerializeToString()),
             )
             seq = int(cur.lastrowid or 0)
-            for g in groups:
-                version = min(c.policy_version for c in g.completions)
-                db.execute(
-                    "INSERT INTO groups (batch_seq, job_id, lease_id, peer_id, prompt_index, policy_version, grp)"
-                    " VALUES (?,?,?,?,?,?,?)",
-                    (seq, batch.job_id, batch.lease_id, batch.peer_id, g.prompt_index, version, g.SerializeToString()),
-                )
+            db.executemany(
+                "INSERT INTO groups (batch_seq, job_id, lease_id, peer_id, prompt_index, policy_version, grp)"
+                " VALUES (?,?,?,?,?,?,?)",
+                [(seq, batch.job_id, batch.lease_id, batch.peer_id, g.prompt_index,
+                  min(c.policy_version for c in g.completions), g.SerializeToString()) for g in groups],
+            )
         return seq
+
+    def admitted_among(self, job_id: str, indices: Iterable[int]) -> set[int]:
+        """Those of `indices` admitted for the job (in any state): a lookup per index in the
+        (job_id, prompt_index) unique index, not a scan of the job's groups."""
+        wanted = list(indices)
+        if not wanted:
+            return set()
+        marks = ",".join("?" * len(wanted))
+        return {i for (i,) in self._query(
+            f"SELECT prompt_index FROM groups WHERE job_id = ? AND prompt_index IN ({marks})", (job_id, *wanted))}
 
     def admitted_indices(self, job_id: str) -> set[int]:
         """Prompt indices of every group admitted for the job, in any state."""

@@ -18,7 +18,9 @@ import grpc
 import hivemind
 
 from swarmrl.node.causal_lm import render_prompt
+from swarmrl.node.grpc_guard import peer_metadata
 from swarmrl.node.grpc_options import channel_options
+from swarmrl.node.grpc_retry import call_with_backoff
 from swarmrl.node.inference.base import InferenceBackend, SampledCompletion, Sampling
 from swarmrl.node.models import default_cache_dir
 from swarmrl.node.swarm.catchup import CatchUp
@@ -69,14 +71,17 @@ class JobSession:
         self.record = record
         self.channel = grpc.insecure_channel(record.endpoint, options=channel_options(max_message_mb))
         self.stub = pb_grpc.TrainerStub(self.channel)
+        self.metadata = peer_metadata(identity.peer_id)   # the trainer bounds streams per peer
         dataset = None
         if self.spec.dataset is not None:   # by content address: cache, peers, then this trainer
             dataset = fetch_dataset(self.spec.dataset, datasets or DatasetStore(default_cache_dir() / "datasets"),
-                                    trainer_fetch=lambda req: self.stub.FetchDataset(req, timeout=120),
+                                    trainer_fetch=lambda req: self.stub.FetchDataset(req, timeout=120,
+                                                                                     metadata=self.metadata),
                                     gossip=gossip, dht=dht, stats=dataset_stats, trainer_name=record.trainer_id)
         self.env = job_environment(self.spec, dataset)
         self.replica = AdapterReplica(record.job_id, bytes(record.trainer_public_key))
-        self.sync = CatchUp(self.replica, trainer_fetch=lambda req: self.stub.FetchAdapter(req, timeout=120),
+        self.sync = CatchUp(self.replica,
+                            trainer_fetch=lambda req: self.stub.FetchAdapter(req, timeout=120, metadata=self.metadata),
                             signers=self.signers, gossip=gossip, dht=dht, max_gap=max_gap, peer_wait_s=peer_wait_s,
                             max_peer_attempts=max_peer_attempts)
         self.loaded_version = -1   # the version the backend generates with
@@ -129,14 +134,16 @@ class JobSession:
         return self.submit(lease, envelope, len(groups))
 
     def request_lease(self) -> pb.Lease | None:
-        """Ask the trainer for a lease of up to `max_prompts` prompts (signed request, 30 s timeout).
+        """Ask the trainer for a lease of up to `max_prompts` prompts (signed request, 30 s timeout;
+        refused as overloaded or unreachable, retried with backoff: `node.grpc_retry`).
 
         Returns None when it grants none (its reason goes to `last_refusal`). Raises grpc.RpcError
         when the trainer can't be reached.
         """
         req = pb.LeaseRequest(job_id=self.job_id, max_prompts=self.max_prompts,
                               adapter_version=max(self.replica.version, 0), created_ms=int(time.time() * 1000))
-        reply: pb.LeaseReply = self.stub.RequestLease(signing.sign(self.identity, signing.LEASE_REQUEST, req), timeout=30)
+        signed = signing.sign(self.identity, signing.LEASE_REQUEST, req)
+        reply: pb.LeaseReply = call_with_backoff(lambda: self.stub.RequestLease(signed, timeout=30))
         if not reply.HasField("lease"):
             self.last_refusal = reply.reason
             self.stats.leases_refused[reply.reason] += 1
@@ -218,12 +225,14 @@ class JobSession:
         return signing.sign(self.identity, signing.ROLLOUT_BATCH, batch)
 
     def submit(self, lease: pb.Lease, envelope: pb.Signed, n_groups: int) -> RoundResult:
-        """Send a signed batch to the trainer (60 s timeout) and read its receipt.
+        """Send a signed batch to the trainer (60 s timeout; refused as overloaded or
+        unreachable, the same batch is resent with backoff: `node.grpc_retry`) and read its receipt.
 
         Returns what was admitted, with the rejection reasons (the batch's, or each rejected group's).
         Raises grpc.RpcError when the trainer can't be reached.
         """
-        receipt = self.stub.SubmitRollouts(iter([envelope]), timeout=60)
+        receipt = call_with_backoff(
+            lambda: self.stub.SubmitRollouts(iter([envelope]), timeout=60, metadata=self.metadata))
         b = receipt.batches[0]
         reasons = [b.reason] if not b.accepted else [g.reason for g in b.groups if not g.admitted]
         admitted = sum(g.admitted for g in b.groups)

@@ -181,3 +181,33 @@ def test_token_buckets_refill_and_stay_bounded():
 def test_source_addresses():
     assert source_address("ipv4:10.1.2.3:5555") == "10.1.2.3"
     assert source_address("ipv6:[2001:db8:1:2:3:4:5:6]:443") == "2001:db8:1:2::/64"
+
+
+class _Refused(grpc.RpcError, grpc.Call):
+    def __init__(self, code, hint_ms=None):
+        self._code, self._hint = code, hint_ms
+
+    def code(self):
+        return self._code
+
+    def trailing_metadata(self):
+        return (("retry-after-ms", str(self._hint)),) if self._hint is not None else ()
+
+
+def test_workers_back_off_with_jitter_on_overload_and_honour_the_hint():
+    from swarmrl.node.grpc_retry import Backoff, call_with_backoff
+
+    outcomes = [_Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, 1500), _Refused(grpc.StatusCode.UNAVAILABLE), "ok"]
+    slept = []
+
+    def call():
+        out = outcomes.pop(0)
+        if isinstance(out, Exception):
+            raise out
+        return out
+    assert call_with_backoff(call, Backoff(attempts=4, base_s=0.25), sleep=slept.append) == "ok"
+    assert 1.5 <= slept[0] <= 1.75 and 0 <= slept[1] <= 0.5
+    with pytest.raises(grpc.RpcError):   # not an overload: no retry
+        call_with_backoff(lambda: (_ for _ in ()).throw(_Refused(grpc.StatusCode.PERMISSION_DENIED)),
+                          sleep=slept.append)
+    assert len(slept) == 2

@@ -80,3 +80,29 @@ def test_open_of_and_expire_follow_the_indexes_through_answers_revokes_and_resto
     restored = LeaseBook("J", ttl_ms=100)
     restored.restore([e], admitted=set())
     assert restored.open_of("w4") == [e.lease_id] and restored.expire(now_ms=301) == [e.lease_id]
+
+
+def test_one_transaction_records_a_batch_its_rejections_and_the_lease_closing(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    lease = pb.Lease(lease_id="L1", job_id="J", peer_id="P", prompt_indices=[3, 4], deadline_ms=10)
+    ledger.add_lease(lease)
+    batch = pb.RolloutBatch(job_id="J", lease_id="L1", peer_id="P")
+    group = pb.Group(prompt_index=3, completions=[pb.Completion(policy_version=0)])
+    ledger.admit("b1", batch, pb.Signed(), [group], 5, close_lease=True, rejections={"stale": 2})
+    assert ledger.admitted_among("J", [3, 4, 9]) == {3} and ledger.admitted_among("J", []) == set()
+    assert ledger.rejection_counts("J") == {"stale": 2}
+    assert ledger.leases("J", open_only=True) == []
+    ledger.close()
+
+
+def test_render_prompts_gives_render_prompts_ids(model_cache):
+    from swarmrl.node.causal_lm import load_causal_lm, render_prompt, render_prompts
+    from swarmrl.node.jobs import builtin_job
+    from swarmrl.node.models import prepare_base_model
+    from swarmrl.protocol.envs import job_environment
+
+    spec = builtin_job("tiny", model_cache)
+    _, tok = load_causal_lm(prepare_base_model("tiny", model_cache))
+    prompts = [job_environment(spec, None).prompt(spec.seed, i) for i in range(12)]
+    tok(["a b", "c"], padding=True)   # a padded call before must not leak into ours
+    assert render_prompts(tok, prompts) == [render_prompt(tok, p) for p in prompts]

@@ -1,0 +1,159 @@
+"""Admission throughput (issue 11 item 8): signed rollout groups per second through the trainer's
+admission path (signature, lease, checks, ledger commit on disk), one thread, against the same
+path at an older commit in the same run.
+
+    .venv/bin/python benchmarks/admission_throughput.py                 # tiny model, vs 7a25018
+    .venv/bin/python benchmarks/admission_throughput.py --model gemma --repeats 5
+
+Many peers (`--peers`) each lease `--prompts` prompts and answer with one signed batch of G
+completions per prompt; batches are built and signed before the clock starts, with prompt ids
+from the worker's own tokenizer (the trainer's prompt-id cache starts cold, as in a live job).
+Each repeat runs the old and the new code in fresh processes (the old from `git archive
+--old-ref`), alternating, and prints groups per wall second and per CPU second (process time:
+the figure "on one core"), their medians and new/old ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OLD_REF = "7a25018"   # main before issue 11's admission work
+
+
+def measure(model: str, peers: int, prompts: int, group_size: int, tokens: int, state: Path) -> dict[str, float]:
+    """Admit `peers` signed batches on a fresh ledger under `state`; groups/s (wall and CPU)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+
+    torch.set_num_threads(1)
+    from swarmrl.node.causal_lm import load_causal_lm, render_prompt
+    from swarmrl.node.jobs import builtin_job
+    from swarmrl.node.models import default_cache_dir, find_base_model
+    from swarmrl.node.trainer.job import JobRuntime
+    from swarmrl.node.trainer.ledger import Ledger
+    from swarmrl.protocol import signing
+    from swarmrl.protocol.envs import job_environment
+    from swarmrl.protocol.identity import Identity
+    from swarmrl.protocol.pb import swarm_pb2 as pb
+
+    cache = default_cache_dir()
+    spec = builtin_job(model, cache, steps=10**6, batch_groups=4096, prompts_per_lease=prompts, group_size=group_size,
+                       lease_ttl_s=3600)
+    path = find_base_model(spec.base_model, cache)
+    tokens = min(tokens, spec.sampling.max_new_tokens)
+    ledger = Ledger(state / "ledger.sqlite")
+    job = JobRuntime("job-bench", spec, identity=Identity.from_seed(b"t" * 32), model_path=path, state_dir=state,
+                     ledger=ledger)
+    _, worker_tok = load_causal_lm(path)   # the worker's tokenizer: its own, not the trainer's cache
+    env = job_environment(spec, None)
+    n_rewards = len(env.reward_funcs)
+    lo, hi = env.reward_range
+    envelopes = []
+    for k in range(peers):
+        who = Identity.from_seed(k.to_bytes(4, "little") * 8)
+        reply = job.admission.request_lease(who.peer_id, pb.LeaseRequest(job_id=job.job_id, max_prompts=prompts))
+        assert reply.HasField("lease"), reply.reason
+        lease = reply.lease
+        groups = []
+        for i in lease.prompt_indices:
+            ids = render_prompt(worker_tok, env.prompt(spec.seed, i), spec.chat_template)
+            comps = [pb.Completion(token_ids=[5 + (j % 50) for j in range(tokens)], logprobs=[-1.0] * tokens,
+                                   finish_reason="length", policy_version=lease.policy_version,
+                                   rewards=[lo] * n_rewards, reward=lo + (hi - lo) * (c % 2)) for c in range(group_size)]
+            groups.append(pb.Group(prompt_index=i, prompt_token_ids=ids, completions=comps))
+        batch = pb.RolloutBatch(job_id=job.job_id, lease_id=lease.lease_id, peer_id=who.peer_id, groups=groups,
+                                created_ms=int(time.time() * 1000), nonce=os.urandom(16))
+        envelopes.append(signing.sign(who, signing.ROLLOUT_BATCH, batch))
+    profile = None
+    if os.environ.get("ADMISSION_PROFILE"):   # print where the admission loop's time goes
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
+    t0, c0 = time.perf_counter(), time.process_time()
+    admitted = 0
+    for envelope in envelopes:
+        receipt = job.admission.admit(envelope, 16 << 20)
+        assert receipt.accepted, receipt.reason
+        assert all(g.admitted for g in receipt.groups), [g.reason for g in receipt.groups]
+        admitted += sum(g.admitted for g in receipt.groups)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if profile is not None:
+        profile.disable()
+        profile.print_stats("tottime")
+    assert admitted == peers * prompts, admitted
+    ledger.close()
+    return {"groups": admitted, "tokens": tokens, "wall_s": wall, "cpu_s": cpu, "per_wall_s": admitted / wall, "per_cpu_s": admitted / cpu}
+
+
+def old_tree(ref: str, into: Path) -> Path:
+    """The package at `ref` laid out as installed (swarmrl/{node,protocol,...}) under `into`."""
+    src = into / "src"
+    src.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "swarmrl", "node", "protocol", "validator",
+                              "simulations"], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    tree = into / "tree" / "swarmrl"
+    tree.mkdir(parents=True)
+    (tree / "__init__.py").symlink_to(src / "swarmrl" / "__init__.py")
+    for d in ("node", "protocol", "validator", "simulations"):
+        (tree / d).symlink_to(src / d)
+    return tree.parent
+
+
+def _child(args: argparse.Namespace, pythonpath: Path | None) -> dict[str, float]:
+    with tempfile.TemporaryDirectory() as state:
+        env = dict(os.environ)
+        if pythonpath is not None:
+            env["PYTHONPATH"] = f"{pythonpath}:{env.get('PYTHONPATH', '')}"
+        cmd = [sys.executable, __file__, "--child", "--model", args.model, "--peers", str(args.peers), "--prompts",
+               str(args.prompts), "--group-size", str(args.group_size), "--tokens", str(args.tokens), "--state", state]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=state).stdout
+        return dict(json.loads(out.strip().splitlines()[-1]))
+
+
+def main() -> None:
+    """Parse the options; as the parent, alternate old/new children and print the figures."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="tiny")
+    ap.add_argument("--peers", type=int, default=200)
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per lease = groups per batch")
+    ap.add_argument("--group-size", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=32, help="completion tokens (at most the job's max_new_tokens)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--old-ref", default=OLD_REF)
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--state", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(measure(args.model, args.peers, args.prompts, args.group_size, args.tokens, args.state)))
+        return
+    rows: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        old = old_tree(args.old_ref, Path(tmp))
+        for r in range(args.repeats):
+            for name, path in (("old", old), ("new", None)):
+                rows[name].append(_child(args, path))
+                f = rows[name][-1]
+                print(f"repeat {r + 1} {name}: {f['groups']:.0f} groups, {f['per_wall_s']:,.0f}/s wall, "
+                      f"{f['per_cpu_s']:,.0f}/CPU-s", flush=True)
+    med = {n: {k: statistics.median(x[k] for x in v) for k in ("per_wall_s", "per_cpu_s")} for n, v in rows.items()}
+    print(f"\n{args.model}: {args.peers} batches of {args.prompts} groups x G={args.group_size} x {args.tokens} tokens,"
+          f" (at most max_new_tokens), median of {args.repeats}")
+    print(f"old ({args.old_ref}): {med['old']['per_wall_s']:,.0f} groups/s wall, {med['old']['per_cpu_s']:,.0f} per CPU-s")
+    print(f"new: {med['new']['per_wall_s']:,.0f} groups/s wall, {med['new']['per_cpu_s']:,.0f} per CPU-s")
+    print(f"new/old: wall x{med['new']['per_wall_s'] / med['old']['per_wall_s']:.2f},"
+          f" CPU x{med['new']['per_cpu_s'] / med['old']['per_cpu_s']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
