@@ -79,6 +79,13 @@ class NetConfig(_Config):
     host: str = "127.0.0.1"
     dht_port: int = Field(0, ge=0, le=65535)
     initial_peers: list[str] = []
+    # the public multiaddrs other peers should dial (e.g. /ip4/203.0.113.7/tcp/31337), when they
+    # differ from where the node listens (a port forward, a container); they go into the node's
+    # signed DHT records. Empty: the listen address is the announced one.
+    announce_maddrs: list[str] = []
+    # no inbound connections (behind NAT): the DHT runs in hivemind's client mode, and the node
+    # never announces itself as a holder of deltas or data sets (nobody could dial it)
+    client_mode: bool = False
 
     @field_validator("initial_peers")
     @classmethod
@@ -88,6 +95,17 @@ class NetConfig(_Config):
                 raise ValueError(f"{p!r} is not a peer multiaddr like /ip4/127.0.0.1/tcp/PORT/p2p/PEER_ID "
                                  "(a bootstrap's ready file lists its own)")
         return peers
+
+    @field_validator("announce_maddrs")
+    @classmethod
+    def _announce(cls, maddrs: list[str]) -> list[str]:
+        for m in maddrs:
+            parts = m.split("/")
+            if len(parts) < 5 or parts[1] not in ("ip4", "ip6", "dns", "dns4", "dns6") or parts[3] != "tcp" \
+                    or not parts[4].isdigit() or not 0 < int(parts[4]) < 65536:
+                raise ValueError(f"{m!r} is not an announce multiaddr like /ip4/203.0.113.7/tcp/31337 "
+                                 "(an explicit port: port 0 can't be announced)")
+        return maddrs
 
 
 class BootstrapConfig(_Config):
@@ -109,6 +127,13 @@ class TrainerConfig(_Config):
     base_models: list[str] = []          # model folders / hub ids to look in for a job's weights (by sha256)
     net: NetConfig = NetConfig()
     grpc_port: int = Field(0, ge=0, le=65535)
+    grpc_host: str | None = None         # where gRPC listens (None: net.host)
+    # HOST:PORT that workers should dial, put in the signed job record (None: grpc_host and the
+    # bound port); set it behind a port forward or a container's published port
+    grpc_announce: str | None = None
+    # serve gRPC over TLS with a self-signed certificate kept in state_dir/tls; its sha256 goes
+    # into the signed job record and workers pin it (node/tls.py). False: plaintext (loopback)
+    tls: bool = False
     threads: int = Field(1, ge=1)
     # where the model runs: "auto" (the first CUDA GPU if any, else the CPU), "cpu", "cuda", "cuda:N"
     device: str = "auto"
@@ -143,6 +168,15 @@ class TrainerConfig(_Config):
     @classmethod
     def _device(cls, name: str) -> str:
         return check_device(name)
+
+    @field_validator("grpc_announce")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is not None:
+            host, sep, port = value.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"{value!r} is not HOST:PORT with an explicit port")
+        return value
 
 
 class WorkerConfig(_Config):

@@ -224,7 +224,8 @@ def join_swarm(net: NetConfig) -> hivemind.DHT:
     """
     from swarmrl.node.swarm.dht import start_dht
 
-    dht = start_dht(net.initial_peers, host=net.host, port=net.dht_port)
+    dht = start_dht(net.initial_peers, host=net.host, port=net.dht_port, announce_maddrs=net.announce_maddrs,
+                    client_mode=net.client_mode)
     atexit.register(dht.shutdown)  # runs before _end_children (LIFO): a clean shutdown first
     return dht
 

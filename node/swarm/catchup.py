@@ -216,7 +216,7 @@ class CatchUp:
         req = pb.UpdateRequest(job_id=self.job_id, version=version, snapshot=snapshot,
                                payload_sha256=holder.payload_sha256)
         try:
-            got = self.gossip.fetch(holder.libp2p_peer_id, req)
+            got = self.gossip.fetch(holder.libp2p_peer_id, req, maddrs=holder.maddrs)
         except Exception as exc:  # noqa: BLE001 - a peer can vanish or stall: try the next one
             self._failures[holder.holder_id] = self._failures.get(holder.holder_id, 0) + 1
             if self._failures[holder.holder_id] >= 3:

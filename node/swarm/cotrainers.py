@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from swarmrl.node import tls
 from swarmrl.node.grpc_options import channel_options
 from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.protocol import adapter as ad
@@ -46,6 +47,7 @@ class Cotrainer:
     head_version: int
     head_hash: bytes
     done: bool
+    tls_cert_sha256: bytes = b""   # pinned certificate of its gRPC endpoint (empty: plaintext)
 
 
 class Cotrainers:
@@ -66,7 +68,7 @@ class Cotrainers:
             if self.allowed is not None and r.trainer_id not in self.allowed:
                 continue
             known[r.trainer_id] = Cotrainer(r.trainer_id, r.trainer_public_key, rec.endpoint, int(rec.head_version),
-                                            bytes(rec.head_hash), rec.done)
+                                            bytes(rec.head_hash), rec.done, bytes(rec.tls_cert_sha256))
         self._known = known
 
     def live(self) -> list[Cotrainer]:
@@ -98,7 +100,11 @@ class Cotrainers:
     def probe(self, job_id: str, max_message_mb: int = 64) -> None:
         """Ask every live cotrainer for its status; mark the ones that don't answer unreachable."""
         for c in self.live():
-            channel = grpc.insecure_channel(c.endpoint, options=channel_options(max_message_mb))
+            try:
+                channel = tls.channel(c.endpoint, c.tls_cert_sha256, channel_options(max_message_mb))
+            except tls.PinError:
+                self.mark_unreachable(c.trainer_id)
+                continue
             try:
                 pb_grpc.TrainerStub(channel).GetJobStatus(pb.JobStatusRequest(job_id=job_id), timeout=PROBE_TIMEOUT_S)
             except grpc.RpcError:
@@ -114,10 +120,10 @@ def fetch_chain(c: Cotrainer, job_id: str, *, have_version: int, have_hash: byte
     its snapshot of `want_version`.
 
     Raises:
-        grpc.RpcError: the cotrainer could not be reached.
+        grpc.RpcError, tls.PinError: the cotrainer could not be reached (or not over its pinned TLS).
         ad.AdapterError: what it served does not verify or does not reach `want_version`.
     """
-    channel = grpc.insecure_channel(c.endpoint, options=channel_options(max_message_mb))
+    channel = tls.channel(c.endpoint, c.tls_cert_sha256, channel_options(max_message_mb))
     try:
         stub = pb_grpc.TrainerStub(channel)
 

@@ -40,10 +40,13 @@ class SwarmError(RuntimeError):
     """The DHT could not be joined or used."""
 
 
-def safe_p2p_options(host: str = "127.0.0.1", port: int = 0) -> dict[str, Any]:
-    """libp2p options with NAT port mapping, AutoNAT and relays off (see stack notes)."""
+def safe_p2p_options(host: str = "127.0.0.1", port: int = 0,
+                     announce_maddrs: Sequence[str] = ()) -> dict[str, Any]:
+    """libp2p options with NAT port mapping, AutoNAT and relays off (see stack notes); the node
+    listens on host:port and, when `announce_maddrs` are given, tells peers to dial those instead."""
     return {
         "host_maddrs": [f"/ip4/{host}/tcp/{port}"],
+        **({"announce_maddrs": list(announce_maddrs)} if announce_maddrs else {}),
         "nat_port_map": False,
         "auto_nat": False,
         "use_relay": False,
@@ -97,13 +100,19 @@ def _end_dht_process(*_: object) -> None:
     os._exit(0)
 
 
-def start_dht(initial_peers: Sequence[str] = (), *, host: str = "127.0.0.1", port: int = 0) -> hivemind.DHT:
+def start_dht(initial_peers: Sequence[str] = (), *, host: str = "127.0.0.1", port: int = 0,
+              announce_maddrs: Sequence[str] = (), client_mode: bool = False) -> hivemind.DHT:
     """Start a hivemind DHT node (in its own process) and check it joined the swarm.
+
+    announce_maddrs: the addresses peers should dial (default: where it listens).
+    client_mode: a node that accepts no inbound connections (behind NAT): it queries and stores
+    but is never put in other nodes' routing tables.
 
     Raises:
         SwarmError: initial peers were given and none of them could be reached.
     """
-    dht = BoundedDHT(initial_peers=list(initial_peers), start=False, **safe_p2p_options(host, port))
+    dht = BoundedDHT(initial_peers=list(initial_peers), start=False, client_mode=client_mode,
+                     **safe_p2p_options(host, port, announce_maddrs))
     try:
         dht.run_in_background(await_ready=True)
     except Exception as exc:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import hivemind
 from hivemind.p2p import P2PContext, PeerID
+from hivemind.utils.multiaddr import Multiaddr
 
 from swarmrl.node.swarm.dht import REFRESH_S
 from swarmrl.node.swarm.holders import announce_holdings
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 PROTOCOL = "swarmrl.v1.FetchUpdate"
 DATASET_PROTOCOL = "swarmrl.v1.FetchDataset"   # data-set files by sha256 (swarm.datasets)
 MAX_UPDATE_BYTES = 1 << 30
+DIAL_TIMEOUT_S = 10.0
 T = TypeVar("T")
 
 
@@ -99,15 +101,20 @@ class UpdateCache:
 
 class GossipNode:
     """Serves a peer's `UpdateCache` over libp2p, fetches updates from other peers and announces
-    its holdings in the DHT. `served[job]` counts payload bytes sent to other peers."""
+    its holdings in the DHT. `served[job]` counts payload bytes sent to other peers.
 
-    def __init__(self, dht: hivemind.DHT, identity: Identity, cache: UpdateCache | None = None) -> None:
-        self.dht, self.identity = dht, identity
+    dialable: False for a peer that accepts no inbound connections (DHT client mode, behind NAT):
+    it still fetches from peers but never announces holdings (nobody could fetch them)."""
+
+    def __init__(self, dht: hivemind.DHT, identity: Identity, cache: UpdateCache | None = None, *,
+                 dialable: bool = True) -> None:
+        self.dht, self.identity, self.dialable = dht, identity, dialable
         self.cache = cache or UpdateCache()
         self.served: Counter[str] = Counter()
         self._loop = LoopThread("swarmrl-gossip")
         self.p2p: hivemind.P2P = self._loop.run(self._start(), timeout=60)
         self.libp2p_peer_id: bytes = self.p2p.peer_id.to_bytes()
+        self.maddrs: list[str] = [str(m) for m in dht.get_visible_maddrs()] if dialable else []
         self._announced: dict[str, float] = {}
         self._lock = threading.Lock()
         self.datasets: dict[str, bytes] = {}   # sha256 hex -> verified file bytes this peer serves
@@ -133,11 +140,13 @@ class GossipNode:
         self._announce_dataset(sha256_hex)
 
     def _announce_dataset(self, sha256_hex: str) -> None:
+        if not self.dialable:
+            return
         held = [pb.HeldUpdate(version=0, payload_sha256=bytes.fromhex(sha256_hex),
                               payload_size=len(self.datasets[sha256_hex]))]
         try:
             announce_holdings(self.dht, self.identity, "dataset:" + sha256_hex, self.libp2p_peer_id, held,
-                              int(time.time() * 1000))
+                              int(time.time() * 1000), self.maddrs)
             self._announced["dataset:" + sha256_hex] = time.monotonic()
         except Exception as exc:  # noqa: BLE001 - the DHT can fail; the next refresh retries
             log.warning("announcing data set %s failed: %r", sha256_hex[:12], exc)
@@ -157,15 +166,21 @@ class GossipNode:
         for chunk in chunks(update.envelope, update.payload):
             yield chunk
 
-    def fetch(self, libp2p_peer_id: bytes, req: pb.UpdateRequest, timeout_s: float = 30.0) -> list[pb.AdapterChunk]:
-        """The chunks a peer streams for `req` (empty when it doesn't hold it).
+    def fetch(self, libp2p_peer_id: bytes, req: pb.UpdateRequest, timeout_s: float = 30.0,
+              maddrs: tuple[str, ...] = ()) -> list[pb.AdapterChunk]:
+        """The chunks a peer streams for `req` (empty when it doesn't hold it); `maddrs` are the
+        addresses its signed holder record gives (dialled first when given).
 
         Raises:
             TimeoutError, hivemind P2P errors, ValueError (more than MAX_UPDATE_BYTES).
         """
-        return self._loop.run(asyncio.wait_for(self._fetch(libp2p_peer_id, req), timeout_s), timeout=timeout_s + 5)
+        coro = self._fetch(libp2p_peer_id, req, maddrs=maddrs)
+        return self._loop.run(asyncio.wait_for(coro, timeout_s), timeout=timeout_s + 5)
 
-    async def _fetch(self, libp2p_peer_id: bytes, req: pb.UpdateRequest, protocol: str = PROTOCOL) -> list[pb.AdapterChunk]:
+    async def _fetch(self, libp2p_peer_id: bytes, req: pb.UpdateRequest, protocol: str = PROTOCOL,
+                     maddrs: tuple[str, ...] = ()) -> list[pb.AdapterChunk]:
+        if maddrs:
+            await self._dial(PeerID(libp2p_peer_id), maddrs)
         stream = await self.p2p.iterate_protobuf_handler(PeerID(libp2p_peer_id), protocol, req, pb.AdapterChunk)
         out, size = [], 0
         async for chunk in stream:
@@ -175,12 +190,24 @@ class GossipNode:
             out.append(chunk)
         return out
 
+    async def _dial(self, peer: PeerID, maddrs: tuple[str, ...]) -> None:
+        """Connect to `peer` at the addresses its signed record gives (the libp2p daemon's own
+        peer routing may not know them yet); a failure is left to the stream that follows."""
+        addrs = [Multiaddr(m) for m in maddrs]
+        try:   # hivemind.P2P has no public connect; its daemon client does
+            await asyncio.wait_for(self.p2p._client.connect(peer, addrs), DIAL_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - the stream's own error says more
+            log.debug("dialling %s at %s failed: %r", peer, maddrs, exc)
+
     def hold(self, update: ReceivedUpdate) -> None:
         """Keep a verified update to serve it."""
         self.cache.put(update)
 
     def announce(self, job_id: str, *, force: bool = True) -> None:
-        """Announce this peer's holdings of `job_id` (when `force`, or when the last is stale)."""
+        """Announce this peer's holdings of `job_id` (when `force`, or when the last is stale);
+        nothing when this peer is not dialable."""
+        if not self.dialable:
+            return
         last = self._announced.get(job_id, 0.0)
         if not force and time.monotonic() - last < REFRESH_S:
             return
@@ -188,7 +215,8 @@ class GossipNode:
         if not held:
             return
         try:
-            announce_holdings(self.dht, self.identity, job_id, self.libp2p_peer_id, held, int(time.time() * 1000))
+            announce_holdings(self.dht, self.identity, job_id, self.libp2p_peer_id, held, int(time.time() * 1000),
+                              self.maddrs)
             self._announced[job_id] = time.monotonic()
         except Exception as exc:  # noqa: BLE001 - the DHT can fail; the next refresh retries
             log.warning("announcing holdings of job %s failed: %r", job_id, exc)

@@ -88,7 +88,7 @@ class CotrainerSync:
             updates = fetch_chain(source, job.job_id, have_version=job.version, have_hash=job.head_hash,
                                   want_version=shared.version)
             self.adopt(updates, shared)
-        except (grpc.RpcError, ad.AdapterError) as exc:
+        except (grpc.RpcError, ConnectionError, ad.AdapterError) as exc:   # ConnectionError: tls.PinError
             log.warning("job %s: adopting the state of %s failed: %s", job.job_id[:12], source.trainer_id[:12], exc)
             return False
         log.info("job %s: adopted version %d (%s) from cotrainer %s", job.job_id[:12], job.version,

@@ -10,11 +10,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from swarmrl.node import tls
 from swarmrl.node.config import TrainerConfig
+from swarmrl.node.grpc_server import GuardedServer
 from swarmrl.node.models import find_base_model_by_sha
-from swarmrl.node.runtime import start_role, write_ready
+from swarmrl.node.runtime import StartupError, start_role, write_ready
 from swarmrl.node.swarm.dht import REFRESH_S, VerifiedRecord, announce_job, find_jobs, visible_maddrs
 from swarmrl.node.swarm.job_swarm import JobSwarm
 from swarmrl.node.trainer.checkpoint import prune_checkpoints
@@ -133,14 +136,20 @@ def _claimed_job_id(envelope: pb.Signed) -> str:
 class TrainerLoop:
     """The phases of the trainer's main loop: announce -> coordinate with cotrainers -> step."""
 
-    def __init__(self, trainer: Trainer, dht: hivemind.DHT, identity: Identity, endpoint: str) -> None:
+    def __init__(self, trainer: Trainer, dht: hivemind.DHT, identity: Identity, endpoint: str,
+                 tls_cert_sha256: bytes = b"") -> None:
         self.trainer, self.dht, self.identity, self.endpoint = trainer, dht, identity, endpoint
+        self.tls_cert_sha256 = tls_cert_sha256
+        self.maddrs = visible_maddrs(dht)
         self.last_announce = self.last_look = 0.0
         self.finished: set[str] = set()
 
     def announce(self, job: JobRuntime) -> None:
-        """Put the job's signed record (version, endpoint, cotrainers) in the DHT now."""
-        announce_job(self.dht, self.identity, job.record(self.endpoint))
+        """Put the job's signed record (version, announced endpoint and multiaddrs, pinned TLS
+        certificate, cotrainers) in the DHT now."""
+        record = job.record(self.endpoint)
+        record.tls_cert_sha256, record.maddrs[:] = self.tls_cert_sha256, self.maddrs
+        announce_job(self.dht, self.identity, record)
 
     def announce_if_due(self) -> None:
         """Refresh every job's signed DHT record every REFRESH_S."""
@@ -188,14 +197,14 @@ def run(cfg: TrainerConfig) -> None:
     """Start the trainer and serve until SIGTERM."""
     stop, identity, dht = start_role("trainer", cfg.key, cfg.net, cfg.threads)
     trainer = Trainer(cfg, identity, dht)
-    server, port = serve(trainer, cfg.net.host, cfg.grpc_port, cfg.max_message_mb, limits=cfg.grpc_limits,
-                         rate_limits=cfg.rate_limits)
-    endpoint = f"{cfg.net.host}:{port}"
+    grpc_side = serve_grpc(trainer, cfg)
+    endpoint = grpc_side.announce
     ops = start_trainer_ops(trainer, cfg)
-    write_ready(cfg.ready_file, {"endpoint": endpoint, "peer_id": identity.peer_id, "maddrs": visible_maddrs(dht),
+    write_ready(cfg.ready_file, {"endpoint": grpc_side.local, "announce": endpoint, "peer_id": identity.peer_id,
+                                 "maddrs": visible_maddrs(dht), "tls_sha256": grpc_side.cert_sha256.hex(),
                                  **ops_urls(ops)})
-    log.info("trainer %s serving on %s", identity.peer_id, endpoint)
-    loop = TrainerLoop(trainer, dht, identity, endpoint)
+    log.info("trainer %s serving on %s%s", identity.peer_id, endpoint, " (TLS)" if cfg.tls else "")
+    loop = TrainerLoop(trainer, dht, identity, endpoint, grpc_side.cert_sha256)
     try:
         while not stop.is_set():
             loop.announce_if_due()
@@ -211,9 +220,50 @@ def run(cfg: TrainerConfig) -> None:
     finally:
         if ops is not None:
             ops.close()
-        server.stop(grace=2).wait()   # bounded: returns within ~3 s even if a handler is stuck
+        grpc_side.stop()   # bounded: returns within ~3 s per server even if a handler is stuck
         for job in trainer.jobs.values():
             if job.cotraining is not None:
                 job.cotraining.swarm.shutdown()
         trainer.ledger.close()
         dht.shutdown()
+
+
+@dataclass
+class GrpcSide:
+    """The trainer's gRPC servers: `announce` (HOST:PORT put in the job records; TLS when
+    `cert_sha256`) and `local` (what tools on this machine dial: the same server, or with TLS a
+    plaintext one on 127.0.0.1)."""
+
+    server: GuardedServer
+    announce: str
+    local: str
+    cert_sha256: bytes = b""
+    local_server: GuardedServer | None = None
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        """Stop the servers (in-flight calls get `grace_s`)."""
+        for s in (self.server, self.local_server):
+            if s is not None:
+                s.stop(grace=grace_s).wait()
+
+
+def serve_grpc(trainer: Trainer, cfg: TrainerConfig) -> GrpcSide:
+    """Serve gRPC on `grpc_host` (default `net.host`), with TLS when `cfg.tls` (a self-signed
+    certificate in state_dir/tls, pinned by its sha256 in the job records) and then also plaintext
+    on 127.0.0.1 for tools on this machine (`swarmrl status`, `swarmrl up`)."""
+    host = cfg.grpc_host or cfg.net.host
+    wildcard = host in ("0.0.0.0", "::", "[::]")
+    if wildcard and not cfg.grpc_announce:
+        raise StartupError(f"grpc_host {host} listens everywhere: set grpc_announce to the HOST:PORT workers should dial")
+    announce_host = cfg.grpc_announce.rpartition(":")[0] if cfg.grpc_announce else host
+    if not cfg.tls:
+        server, port = serve(trainer, host, cfg.grpc_port, cfg.max_message_mb, limits=cfg.grpc_limits,
+                             rate_limits=cfg.rate_limits)
+        return GrpcSide(server, cfg.grpc_announce or f"{host}:{port}", f"{'127.0.0.1' if wildcard else host}:{port}")
+    cert = tls.load_or_create(cfg.state_dir / "tls", [h for h in {host, announce_host} if h not in ("0.0.0.0", "::")])
+    server, port = serve(trainer, host, cfg.grpc_port, cfg.max_message_mb, credentials=cert.credentials(),
+                         limits=cfg.grpc_limits, rate_limits=cfg.rate_limits)
+    local_server, local_port = serve(trainer, "127.0.0.1", 0, cfg.max_message_mb, limits=cfg.grpc_limits,
+                                     rate_limits=cfg.rate_limits)
+    return GrpcSide(server, cfg.grpc_announce or f"{host}:{port}", f"127.0.0.1:{local_port}", cert.sha256,
+                    local_server)

@@ -149,14 +149,17 @@ class TrainerService(pb_grpc.TrainerServicer):
 
 
 def serve(trainer: Trainer, host: str, port: int, max_message_mb: int, *, limits: GrpcLimits | None = None,
-          rate_limits: RateLimits | None = None) -> tuple[GuardedServer, int]:
+          rate_limits: RateLimits | None = None,
+          credentials: grpc.ServerCredentials | None = None) -> tuple[GuardedServer, int]:
     """Start the trainer's gRPC server on host:port (0 = any free port), with health and
-    reflection, stream bounds `limits` and rate limits `rate_limits` (defaults when None);
-    returns (server, bound port). `server.stop(grace)` is bounded (node.grpc_server)."""
+    reflection, stream bounds `limits` and rate limits `rate_limits` (defaults when None), over
+    TLS with `credentials` (node/tls.py), else plaintext; returns (server, bound port).
+    `server.stop(grace)` is bounded (node.grpc_server)."""
     service = TrainerService(trainer, rate_limits)
     return build_server(host, port, max_message_mb=max_message_mb, limits=limits or GrpcLimits(),
                         services=["swarmrl.v1.Trainer"],
-                        add_servicers=lambda server: pb_grpc.add_TrainerServicer_to_server(service, server))
+                        add_servicers=lambda server: pb_grpc.add_TrainerServicer_to_server(service, server),
+                        credentials=credentials)
 
 
 def _claimed_job(envelope: pb.Signed, kind: type[pb.LeaseRequest | pb.RolloutBatch]) -> str:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from swarmrl.node import tls
 from swarmrl.node.config import WorkerConfig
 from swarmrl.node.inference import build_backend
 from swarmrl.node.metrics import metrics_urls, start_metrics
@@ -250,6 +251,10 @@ class Worker:
                 self._failed_trainers[rec.trainer_id] = time.monotonic() + TRAINER_RETRY_S
             log.warning("job %s: trainer call failed (%s: %s); retrying", rec.record.job_id, exc.code(), exc.details())
             stop.wait(self.cfg.poll_s)
+        except tls.PinError as exc:   # unreachable, or not the certificate its signed record pins
+            self._failed_trainers[rec.trainer_id] = time.monotonic() + TRAINER_RETRY_S
+            log.warning("job %s: %s; retrying", rec.record.job_id, exc)
+            stop.wait(self.cfg.poll_s)
         except DatasetUnavailable as exc:
             log.warning("job %s: %s; retrying", rec.record.job_id, exc)
             stop.wait(self.cfg.poll_s)
@@ -271,7 +276,8 @@ class Worker:
 def run(cfg: WorkerConfig) -> None:
     """Start the worker and work until SIGTERM (or, with exit_when_done, until its jobs are done)."""
     stop, identity, dht = start_role("worker", cfg.key, cfg.net, cfg.threads)
-    gossip = GossipNode(dht, identity, UpdateCache(keep_deltas=cfg.keep_deltas)) if cfg.gossip else None
+    gossip = (GossipNode(dht, identity, UpdateCache(keep_deltas=cfg.keep_deltas), dialable=not cfg.net.client_mode)
+              if cfg.gossip else None)
     worker = Worker(cfg, identity, dht, gossip)
     ops = start_metrics(cfg.metrics_host, cfg.metrics_port, lambda: worker_metrics(worker))
     worker.ops_urls = metrics_urls(ops)

@@ -14,9 +14,9 @@ import os
 import time
 from dataclasses import dataclass
 
-import grpc
 import hivemind
 
+from swarmrl.node import tls
 from swarmrl.node.causal_lm import render_prompt
 from swarmrl.node.grpc_guard import peer_metadata
 from swarmrl.node.grpc_options import channel_options
@@ -69,7 +69,7 @@ class JobSession:
         self.identity, self.backend, self.max_prompts = identity, backend, max_prompts
         self.max_message_mb = max_message_mb
         self.record = record
-        self.channel = grpc.insecure_channel(record.endpoint, options=channel_options(max_message_mb))
+        self.channel = tls.channel(record.endpoint, bytes(record.tls_cert_sha256), channel_options(max_message_mb))
         self.stub = pb_grpc.TrainerStub(self.channel)
         self.metadata = peer_metadata(identity.peer_id)   # the trainer bounds streams per peer
         dataset = None
@@ -98,9 +98,9 @@ class JobSession:
     def use_record(self, record: pb.JobRecord) -> None:
         """Follow `record` (a newer record of the same trainer, or another trainer of the job)."""
         assert record.job_id == self.record.job_id
-        if record.endpoint != self.record.endpoint:
+        if (record.endpoint, record.tls_cert_sha256) != (self.record.endpoint, self.record.tls_cert_sha256):
             old = self.channel
-            self.channel = grpc.insecure_channel(record.endpoint, options=channel_options(self.max_message_mb))
+            self.channel = tls.channel(record.endpoint, bytes(record.tls_cert_sha256), channel_options(self.max_message_mb))
             self.stub = pb_grpc.TrainerStub(self.channel)
             old.close()
             log.info("job %s: now following trainer %s at %s", self.job_id[:12], record.trainer_id[:12], record.endpoint)

@@ -134,6 +134,8 @@ class JobRecord(_message.Message):
     SPEC_JSON_FIELD_NUMBER: _builtins.int
     TRAINER_PUBLIC_KEY_FIELD_NUMBER: _builtins.int
     COTRAINER_KEYS_FIELD_NUMBER: _builtins.int
+    TLS_CERT_SHA256_FIELD_NUMBER: _builtins.int
+    MADDRS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     trainer_id: _builtins.str
     """peer id of the trainer"""
@@ -152,11 +154,19 @@ class JobRecord(_message.Message):
     spec_json: _builtins.str
     """the job's JobSpec (canonical JSON), so workers need no extra call"""
     trainer_public_key: _builtins.bytes
+    tls_cert_sha256: _builtins.bytes
+    """sha256 of the DER certificate the trainer's gRPC server presents (node/tls.py); empty: the
+    endpoint is plaintext. Workers pin it: no certificate authority is involved.
+    """
     @_builtins.property
     def cotrainer_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
         """Public keys of the job's other trainers this one averages with: their signed adapter updates
         (bit-identical payloads) are as good as this trainer's own.
         """
+
+    @_builtins.property
+    def maddrs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """the trainer's announced libp2p multiaddrs (.../p2p/<id>): where its DHT node can be dialled"""
 
     def __init__(
         self,
@@ -175,10 +185,12 @@ class JobRecord(_message.Message):
         spec_json: _builtins.str = ...,
         trainer_public_key: _builtins.bytes = ...,
         cotrainer_keys: _abc.Iterable[_builtins.bytes] | None = ...,
+        tls_cert_sha256: _builtins.bytes = ...,
+        maddrs: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_model", b"base_model", "base_model_sha256", b"base_model_sha256", "cotrainer_keys", b"cotrainer_keys", "done", b"done", "endpoint", b"endpoint", "env_version", b"env_version", "environment", b"environment", "head_hash", b"head_hash", "head_version", b"head_version", "job_id", b"job_id", "spec_json", b"spec_json", "trainer_id", b"trainer_id", "trainer_public_key", b"trainer_public_key", "updated_ms", b"updated_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_model", b"base_model", "base_model_sha256", b"base_model_sha256", "cotrainer_keys", b"cotrainer_keys", "done", b"done", "endpoint", b"endpoint", "env_version", b"env_version", "environment", b"environment", "head_hash", b"head_hash", "head_version", b"head_version", "job_id", b"job_id", "maddrs", b"maddrs", "spec_json", b"spec_json", "tls_cert_sha256", b"tls_cert_sha256", "trainer_id", b"trainer_id", "trainer_public_key", b"trainer_public_key", "updated_ms", b"updated_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -693,6 +705,7 @@ class DeltaHolder(_message.Message):
     LIBP2P_PEER_ID_FIELD_NUMBER: _builtins.int
     UPDATES_FIELD_NUMBER: _builtins.int
     UPDATED_MS_FIELD_NUMBER: _builtins.int
+    MADDRS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     holder_id: _builtins.str
     """Ed25519 peer id of the holder (= the signer)"""
@@ -701,6 +714,12 @@ class DeltaHolder(_message.Message):
     updated_ms: _builtins.int
     @_builtins.property
     def updates(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeldUpdate]: ...
+    @_builtins.property
+    def maddrs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """announced multiaddrs of the holder's libp2p node (.../p2p/<id>); a peer that can't be
+        dialled (client mode, behind NAT) announces no holdings at all
+        """
+
     def __init__(
         self,
         *,
@@ -709,10 +728,11 @@ class DeltaHolder(_message.Message):
         libp2p_peer_id: _builtins.bytes = ...,
         updates: _abc.Iterable[Global___HeldUpdate] | None = ...,
         updated_ms: _builtins.int = ...,
+        maddrs: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder_id", b"holder_id", "job_id", b"job_id", "libp2p_peer_id", b"libp2p_peer_id", "updated_ms", b"updated_ms", "updates", b"updates"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["holder_id", b"holder_id", "job_id", b"job_id", "libp2p_peer_id", b"libp2p_peer_id", "maddrs", b"maddrs", "updated_ms", b"updated_ms", "updates", b"updates"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

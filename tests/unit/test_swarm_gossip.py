@@ -147,7 +147,7 @@ def test_a_lying_peer_wastes_bytes_and_is_dropped(nodes, tmp_path: Path):
 def test_forged_holder_records_are_dropped(nodes):
     (dht_a, dht_b, _), _ = nodes
     someone, forger = Identity.generate(), Identity.generate()
-    record = pb.DeltaHolder(job_id=JOB, holder_id=someone.peer_id, libp2p_peer_id=b"x",
+    record = pb.DeltaHolder(job_id=JOB, holder_id=someone.peer_id, libp2p_peer_id=b"x", maddrs=["/ip4/127.0.0.1/tcp/1"],
                             updates=[pb.HeldUpdate(version=99, payload_sha256=b"\0" * 32)])
     envelope = signing.sign(forger, signing.DELTA_HOLDER, record)   # claims to be `someone`
     from hivemind.utils import get_dht_time
@@ -196,7 +196,7 @@ class _TimingOutGossip:
     def __init__(self) -> None:
         self.identity, self.asked, self.held = Identity.generate(), [], []
 
-    def fetch(self, libp2p_peer_id: bytes, req: pb.UpdateRequest) -> list[pb.AdapterChunk]:
+    def fetch(self, libp2p_peer_id: bytes, req: pb.UpdateRequest, maddrs: tuple[str, ...] = ()) -> list[pb.AdapterChunk]:
         self.asked.append((libp2p_peer_id, req.version, req.snapshot))
         raise TimeoutError("peer fetch timed out")
 
