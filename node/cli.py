@@ -196,6 +196,10 @@ def _up_parser(sub: SubParsers) -> None:
     up.add_argument("--red-team", default="", metavar="MODES",
                     help="adversarial workers, one per mode, comma-separated, or 'all': "
                          + ", ".join(cfgmod.RED_TEAM_MODES) + " (default: none)")
+    up.add_argument("--netns", action="store_true",
+                    help="run the roles on a test bed of Linux network namespaces (root): a slow lossy link, "
+                         "a worker behind NAT (node/netns.py)")
+    up.add_argument("--tls", action="store_true", help="trainers serve gRPC over TLS, pinned by the signed job record")
     up.add_argument("-j", "--job", dest="job_overrides", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a built-in job field (dotted fields, JSON values), repeatable")
 
@@ -324,7 +328,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     opts = UpOptions(out=args.out, model=args.model, workers=args.workers, trainers=args.trainers,
                      cache_dir=args.cache_dir, threads=threads, timeout_s=args.timeout, red_team=red_team,
                      job_overrides=job, job_file=args.job_file,
-                     worker_overrides=[f"backend={json.dumps(args.backend)}"], **flags)
+                     worker_overrides=[f"backend={json.dumps(args.backend)}"], netns=args.netns, tls=args.tls,
+                     **flags)
     if args.job_file is None and opts.model is None:
         opts.model = "gemma"
     run_up(opts)

@@ -27,6 +27,7 @@ from swarmrl.node.endpoints import collect_endpoints, describe, write_endpoints
 from swarmrl.node.jobs import builtin_job
 from swarmrl.node.local import LocalSwarm, SwarmFailed, signal_handler
 from swarmrl.node.models import find_base_model, is_builtin_model, prepare_base_model, resolve_model_name
+from swarmrl.node.netns import swarm_for_up
 from swarmrl.node.submitter import fetch_job_adapter, job_status, sign_job, submit_signed
 from swarmrl.node.swarm.figures import base_model_bytes, swarm_figures
 from swarmrl.node.trainer.retention import disk_use
@@ -60,6 +61,8 @@ class UpOptions:
     job_overrides: dict[str, Any] = field(default_factory=dict)   # nested job fields (from -j), over the job
     worker_overrides: list[str] = field(default_factory=list)   # extra `key=value` worker config (e.g. gossip=false)
     job_file: Path | None = None   # JOB.toml as `swarmrl submit` takes it (None: the built-in job on `model`)
+    netns: bool = False   # roles on a test bed of network namespaces (node/netns.py) instead of loopback
+    tls: bool = False     # trainers serve gRPC over TLS (pinned self-signed certificates, node/tls.py)
 
 
 def run_up(opts: UpOptions) -> dict[str, Any]:
@@ -82,11 +85,11 @@ def _run_up(opts: UpOptions) -> dict[str, Any]:
     shutil.rmtree(work, ignore_errors=True)  # a fresh swarm (keys, ledger, logs) every time
     with console.status("preparing the base model and the job (cached after the first run)"):
         spec, dataset = _up_job(opts)
-    swarm = LocalSwarm(work)
-    try:
-        return _drive(swarm, spec, opts, work, dataset)
-    finally:
-        swarm.stop_all()
+    with swarm_for_up(work, netns=opts.netns, tls=opts.tls) as swarm:
+        try:
+            return _drive(swarm, spec, opts, work, dataset)
+        finally:
+            swarm.stop_all()
 
 
 def _exit_on_sigterm(signum: int, _frame: FrameType | None) -> None:

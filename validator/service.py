@@ -17,6 +17,7 @@ from pathlib import Path
 
 import grpc
 
+from swarmrl.node import tls
 from swarmrl.node.config import ValidatorConfig
 from swarmrl.node.grpc_options import channel_options
 from swarmrl.node.inference import build_backend
@@ -66,11 +67,12 @@ class JobWatch:
 
     @classmethod
     def open(cls, record: VerifiedRecord, *, max_message_mb: int, cache: SnapshotCache) -> JobWatch:
-        """Connect to the job's trainer. Raises ValueError when the record's spec does not parse
-        or names an environment that is not installed here."""
+        """Connect to the job's trainer (over TLS pinned by its record, when it has a fingerprint).
+        Raises ValueError when the record's spec does not parse or names an environment that is
+        not installed here; tls.PinError when the trainer's pinned certificate can't be confirmed."""
         r = record.record
         spec = JobSpec.from_json(r.spec_json)
-        channel = grpc.insecure_channel(r.endpoint, options=channel_options(max_message_mb))
+        channel = tls.channel(r.endpoint, bytes(r.tls_cert_sha256), channel_options(max_message_mb))
         stub = pb_grpc.TrainerStub(channel)
         dataset = None
         if spec.dataset is not None:   # by content address from the trainer, verified chunk by chunk
@@ -222,6 +224,9 @@ class ValidatorService:
         except ValueError as exc:
             log.warning("job %s: can't validate it: %s", key[0][:12], str(exc)[:200])
             self.unusable.add(key)
+            return None
+        except tls.PinError as exc:   # unreachable now, or an impostor: try again next round
+            log.warning("job %s: %s", key[0][:12], exc)
             return None
         self.watches[key] = watch
         return watch
