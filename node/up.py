@@ -206,11 +206,21 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path,
                             base_model_bytes(find_base_model(spec.base_model, opts.cache_dir)))
     summary.update(figures)
     summary["peers"] = sorted({p.peer_id for st in statuses for p in st.peers})
+    summary["groups_admitted_by_worker"] = admitted_by_worker(statuses, keys, [*workers, *adversaries])
     summary["adapter_hash_agreement"] = summary["adapter_hash_agreement"] and figures["trainers_agree"] and all(
         t["hash"] == adapter_hash.hex() for t in figures["trainer_adapters"].values())
     write_outputs(opts.out, status, summary)
     print_summary(summary, opts.out, console)
     return summary
+
+
+def admitted_by_worker(statuses: list[pb.JobStatus], keys: dict[str, Identity], workers: list[str]) -> dict[str, int]:
+    """Groups each worker (by process name) got admitted, summed over the job's trainers."""
+    by_peer: dict[str, int] = {}
+    for st in statuses:
+        for p in st.peers:
+            by_peer[p.peer_id] = by_peer.get(p.peer_id, 0) + int(p.groups_admitted)
+    return {w: by_peer.get(keys[w].peer_id, 0) for w in workers}
 
 
 class DiskWatch:
