@@ -47,6 +47,7 @@ from swarmrl.node.cli_checks import (
     precheck_job_fields,
     precheck_job_file,
     red_team_modes,
+    sha256_hex,
     up_job_fields,
 )
 
@@ -134,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("job", type=existing_file,
                    help="job TOML: base_model (default tiny) and any JobSpec field overriding the built-in job")
     s.add_argument("--trainer", required=True, type=endpoint, metavar="HOST:PORT", help="the trainer's gRPC endpoint")
+    s.add_argument("--tls-sha256", type=sha256_hex, default=b"", metavar="HEX",
+                   help="the trainer serves TLS: pin its certificate (tls_sha256 in its ready file)")
     s.add_argument("--key", type=Path, default=Path("keys/submitter.key"),
                    help="the submitter's key file (created if missing)")
     s.add_argument("--cache-dir", type=Path, help="base model cache (default: $SWARMRL_CACHE or ~/.cache/swarmrl)")
@@ -141,12 +144,16 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("job_id", type=nonempty, help="the id `swarmrl submit` printed")
     st.add_argument("--trainer", required=True, type=endpoint, metavar="HOST:PORT",
                     help="the gRPC endpoint of a trainer of the job")
+    st.add_argument("--tls-sha256", type=sha256_hex, default=b"", metavar="HEX",
+                    help="the trainer serves TLS: pin its certificate (tls_sha256 in its ready file)")
     st.add_argument("--history", type=int_at_least(0), default=10, help="recent steps to show")
     st.add_argument("--json", action="store_true", help="print the raw status as JSON (hashes in hex)")
     f = _add(sub, "fetch", "download a job's adapter in PEFT format")
     f.add_argument("job_id", type=nonempty, help="the id `swarmrl submit` printed")
     f.add_argument("--trainer", required=True, type=endpoint, metavar="HOST:PORT",
                    help="the gRPC endpoint of a trainer of the job")
+    f.add_argument("--tls-sha256", type=sha256_hex, default=b"", metavar="HEX",
+                   help="the trainer serves TLS: pin its certificate (tls_sha256 in its ready file)")
     f.add_argument("--out", type=Path, required=True, help="folder to write the adapter into (created)")
     f.add_argument("--cache-dir", type=Path, help="base model cache (default: $SWARMRL_CACHE or ~/.cache/swarmrl)")
     _up_parser(sub)
@@ -280,7 +287,8 @@ def cmd_submit(args: argparse.Namespace) -> int:
     loaded = load_job_file(args.job, args.cache_dir)   # every check a worker would trip over, here
     for warning in loaded.report.warnings:
         print(f"swarmrl submit: warning: {warning}", file=sys.stderr)
-    job_id = submit_job(args.trainer, Identity.load_or_create(args.key), loaded.spec, dataset=loaded.dataset)
+    job_id = submit_job(args.trainer, Identity.load_or_create(args.key), loaded.spec, dataset=loaded.dataset,
+                        tls_sha256=args.tls_sha256)
     print(job_id)
     return 0
 
@@ -294,7 +302,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from swarmrl.node.cli_status import message_dict, print_status
     from swarmrl.node.submitter import UnknownJob, job_status
 
-    st = job_status(args.trainer, args.job_id, history=args.history)
+    st = job_status(args.trainer, args.job_id, history=args.history, tls_sha256=args.tls_sha256)
     if st.state == "unknown":
         raise UnknownJob(f"unknown job {args.job_id!r}: the trainer at {args.trainer} does not host it "
                          "(use the id `swarmrl submit` printed)")
@@ -310,7 +318,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     check_writable(args.out, "--out")
     from swarmrl.node.submitter import fetch_job_adapter
 
-    version, h = fetch_job_adapter(args.trainer, args.job_id, args.out, args.cache_dir)
+    version, h = fetch_job_adapter(args.trainer, args.job_id, args.out, args.cache_dir, tls_sha256=args.tls_sha256)
     print(f"adapter version {version} (sha256 {h.hex()}) written to {args.out}")
     return 0
 

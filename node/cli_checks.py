@@ -71,6 +71,17 @@ def endpoint(text: str) -> str:
     return text
 
 
+def sha256_hex(text: str) -> bytes:
+    """An argparse type: a sha256 as 64 hex digits (e.g. a trainer's `tls_sha256`), as bytes."""
+    try:
+        digest = bytes.fromhex(text.strip())
+    except ValueError:
+        digest = b""
+    if len(digest) != 32:
+        raise argparse.ArgumentTypeError(f"expected a sha256 as 64 hex digits (the trainer's tls_sha256), got {text!r}")
+    return digest
+
+
 def existing_file(text: str) -> Path:
     """An argparse type: the path of a file that exists (not a folder)."""
     path = Path(text)
@@ -277,7 +288,8 @@ def describe_failure(exc: BaseException, args: argparse.Namespace) -> tuple[int,
     swarm_failed = _lazy_class("swarmrl.node.local", "SwarmFailed")
     if swarm_failed is not None and isinstance(exc, swarm_failed):
         return EXIT_RUNTIME, f"{str(exc).splitlines()[0]} (logs: {getattr(args, 'out', '.')}/run/logs/)"
-    for module, name in (("swarmrl.node.swarm.dht", "SwarmError"), ("swarmrl.node.submitter", "SubmitterError")):
+    for module, name in (("swarmrl.node.swarm.dht", "SwarmError"), ("swarmrl.node.submitter", "SubmitterError"),
+                         ("swarmrl.node.tls", "PinError")):
         cls = _lazy_class(module, name)
         if cls is not None and isinstance(exc, cls):
             return EXIT_RUNTIME, str(exc)

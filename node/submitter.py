@@ -12,8 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import grpc
-
+from swarmrl.node import tls
 from swarmrl.node.grpc_options import channel_options
 from swarmrl.node.model_card import write_model_card
 from swarmrl.protocol import signing
@@ -39,10 +38,15 @@ class UnknownJob(SubmitterError):
     """The trainer does not host the job."""
 
 
-def stub(endpoint: str, max_message_mb: int = 64) -> pb_grpc.TrainerStub:
-    """A client of the trainer at `endpoint` (HOST:PORT) over an insecure channel whose messages
-    may be up to `max_message_mb` MiB."""
-    return pb_grpc.TrainerStub(grpc.insecure_channel(endpoint, options=channel_options(max_message_mb)))
+def stub(endpoint: str, max_message_mb: int = 64, tls_sha256: bytes = b"") -> pb_grpc.TrainerStub:
+    """A client of the trainer at `endpoint` (HOST:PORT) whose messages may be up to
+    `max_message_mb` MiB: plaintext, or TLS pinned to the certificate sha256 `tls_sha256`
+    (the trainer's job record or ready file gives it; node/tls.py).
+
+    Raises:
+        tls.PinError: TLS was asked for and the pinned certificate could not be confirmed.
+    """
+    return pb_grpc.TrainerStub(tls.channel(endpoint, tls_sha256, channel_options(max_message_mb)))
 
 
 def sign_job(identity: Identity, spec: JobSpec, dataset: bytes | None = None) -> pb.Signed:
@@ -57,16 +61,16 @@ def sign_job(identity: Identity, spec: JobSpec, dataset: bytes | None = None) ->
 
 
 def submit_job(endpoint: str, identity: Identity, spec: JobSpec, timeout_s: float = 600,
-               dataset: bytes | None = None) -> str:
+               dataset: bytes | None = None, tls_sha256: bytes = b"") -> str:
     """Sign `spec` (with its data-set bytes, if any) and submit it; returns the job id.
 
     Raises:
         JobRefused: the trainer answered with a refusal.
     """
-    return submit_signed(endpoint, sign_job(identity, spec, dataset), timeout_s)
+    return submit_signed(endpoint, sign_job(identity, spec, dataset), timeout_s, tls_sha256)
 
 
-def submit_signed(endpoint: str, envelope: pb.Signed, timeout_s: float = 600) -> str:
+def submit_signed(endpoint: str, envelope: pb.Signed, timeout_s: float = 600, tls_sha256: bytes = b"") -> str:
     """Submit an already signed job (the same envelope to every trainer of a job gives them the
     same job id); returns the job id.
 
@@ -75,27 +79,29 @@ def submit_signed(endpoint: str, envelope: pb.Signed, timeout_s: float = 600) ->
     """
     from swarmrl.protocol.jobspec import job_id_from_body
 
-    ack: pb.JobAck = stub(endpoint).SubmitJob(envelope, timeout=timeout_s)
+    ack: pb.JobAck = stub(endpoint, tls_sha256=tls_sha256).SubmitJob(envelope, timeout=timeout_s)
     if not ack.accepted:
         raise JobRefused(ack.reason)
     assert ack.job_id == job_id_from_body(envelope.body)
     return ack.job_id
 
 
-def job_status(endpoint: str, job_id: str, history: int = 0, timeout_s: float = 10) -> pb.JobStatus:
+def job_status(endpoint: str, job_id: str, history: int = 0, timeout_s: float = 10,
+               tls_sha256: bytes = b"") -> pb.JobStatus:
     """The trainer's view of a job (state, version, counters, recent steps)."""
-    status: pb.JobStatus = stub(endpoint).GetJobStatus(pb.JobStatusRequest(job_id=job_id, history=history),
-                                                       timeout=timeout_s)
+    status: pb.JobStatus = stub(endpoint, tls_sha256=tls_sha256).GetJobStatus(
+        pb.JobStatusRequest(job_id=job_id, history=history), timeout=timeout_s)
     return status
 
 
-def fetch_snapshot(endpoint: str, job_id: str, trainer_public_key: bytes, version: int | None = None) -> AdapterReplica:
+def fetch_snapshot(endpoint: str, job_id: str, trainer_public_key: bytes, version: int | None = None,
+                   tls_sha256: bytes = b"") -> AdapterReplica:
     """Download and verify the adapter at `version` (None = the head) as a signed snapshot."""
     from swarmrl.protocol.updates import AdapterReplica, assemble
 
     replica = AdapterReplica(job_id, trainer_public_key)
     req = pb.AdapterRequest(job_id=job_id, want_version=version, snapshot=True)
-    for update in assemble(stub(endpoint).FetchAdapter(req, timeout=300), replica.trainer_id):
+    for update in assemble(stub(endpoint, tls_sha256=tls_sha256).FetchAdapter(req, timeout=300), replica.trainer_id):
         replica.apply(update)
     if replica.state is None:
         raise RuntimeError(f"trainer at {endpoint} served no adapter for job {job_id}")
@@ -123,7 +129,7 @@ def export_peft(state: ad.State, spec: JobSpec, out: Path) -> Path:
 
 
 def fetch_job_adapter(endpoint: str, job_id: str, out: Path, cache_dir: Path | None = None,
-                      trainer_public_key: bytes | None = None) -> tuple[int, bytes]:
+                      trainer_public_key: bytes | None = None, tls_sha256: bytes = b"") -> tuple[int, bytes]:
     """Fetch the head adapter of `job_id` into `out` (PEFT format); returns (version, hash).
 
     The snapshot's signature is checked against `trainer_public_key` (from the job's signed DHT
@@ -132,15 +138,15 @@ def fetch_job_adapter(endpoint: str, job_id: str, out: Path, cache_dir: Path | N
     Raises:
         UnknownJob: the trainer does not host `job_id`.
     """
-    status = job_status(endpoint, job_id, history=1)
+    status = job_status(endpoint, job_id, history=1, tls_sha256=tls_sha256)
     if status.state == "unknown":
         raise UnknownJob(f"the trainer at {endpoint} does not host job {job_id!r} "
                          "(use the id `swarmrl submit` printed)")
-    key = trainer_public_key or _trainer_key(endpoint, job_id, status)
-    replica = fetch_snapshot(endpoint, job_id, key)
+    key = trainer_public_key or _trainer_key(endpoint, job_id, status, tls_sha256)
+    replica = fetch_snapshot(endpoint, job_id, key, tls_sha256=tls_sha256)
     from swarmrl.protocol.jobspec import JobSpec
 
-    spec = JobSpec.from_json(_spec_json(endpoint, job_id))
+    spec = JobSpec.from_json(_spec_json(endpoint, job_id, tls_sha256))
     assert replica.state is not None
     export_peft(replica.state, spec, out)
     history = [{"policy_version": h.policy_version, "reward_mean": h.reward_mean} for h in status.history]
@@ -148,24 +154,24 @@ def fetch_job_adapter(endpoint: str, job_id: str, out: Path, cache_dir: Path | N
     return replica.version, replica.hash
 
 
-def _trainer_key(endpoint: str, job_id: str, status: pb.JobStatus) -> bytes:
-    header = _first_header(endpoint, job_id)
+def _trainer_key(endpoint: str, job_id: str, status: pb.JobStatus, tls_sha256: bytes = b"") -> bytes:
+    header = _first_header(endpoint, job_id, tls_sha256)
     if signing.signer_id(header) != status.trainer_id:
         raise RuntimeError("adapter header is not signed by the trainer that serves the job")
     return bytes(header.public_key)
 
 
-def _first_header(endpoint: str, job_id: str) -> pb.Signed:
+def _first_header(endpoint: str, job_id: str, tls_sha256: bytes = b"") -> pb.Signed:
     req = pb.AdapterRequest(job_id=job_id, snapshot=True)  # the head: always kept (retention.py)
-    chunks: Iterator[pb.AdapterChunk] = stub(endpoint).FetchAdapter(req, timeout=300)
+    chunks: Iterator[pb.AdapterChunk] = stub(endpoint, tls_sha256=tls_sha256).FetchAdapter(req, timeout=300)
     for chunk in chunks:
         if chunk.HasField("header"):
             return chunk.header
     raise RuntimeError("no adapter header served")
 
 
-def _spec_json(endpoint: str, job_id: str) -> str:
-    status: pb.JobStatus = stub(endpoint).GetJobStatus(pb.JobStatusRequest(job_id=job_id), timeout=10)
+def _spec_json(endpoint: str, job_id: str, tls_sha256: bytes = b"") -> str:
+    status: pb.JobStatus = stub(endpoint, tls_sha256=tls_sha256).GetJobStatus(pb.JobStatusRequest(job_id=job_id), timeout=10)
     if not status.spec_json:
         raise RuntimeError("trainer did not return the job spec")
     return status.spec_json

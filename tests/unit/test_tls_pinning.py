@@ -96,3 +96,25 @@ def test_plaintext_stays_available_and_is_not_tls() -> None:
 def test_unreachable_endpoint_is_a_pin_error() -> None:
     with pytest.raises(tls.PinError, match="could not read"):
         tls.presented_cert("127.0.0.1:1", timeout_s=2)
+
+
+def test_trainer_server_over_tls_and_the_tools_pin(cert: tls.ServerCert, capsys: pytest.CaptureFixture[str]) -> None:
+    """The trainer's own server (`serve(credentials=...)`) and the submitter's tools against it:
+    the pinned certificate works, another pin or none fails with one line and exit code 1."""
+    from types import SimpleNamespace
+
+    from swarmrl.node import cli
+    from swarmrl.node.submitter import job_status
+    from swarmrl.node.trainer.service import serve
+
+    server, port = serve(SimpleNamespace(jobs={}), "127.0.0.1", 0, 4, credentials=cert.credentials())  # type: ignore[arg-type]
+    endpoint = f"127.0.0.1:{port}"
+    try:
+        assert job_status(endpoint, "nojob", tls_sha256=cert.sha256).state == "unknown"
+        assert cli.main(["status", "nojob", "--trainer", endpoint, "--tls-sha256", cert.sha256.hex()]) == 1
+        assert "unknown job" in capsys.readouterr().err
+        other = tls.make_self_signed().sha256.hex()
+        assert cli.main(["status", "nojob", "--trainer", endpoint, "--tls-sha256", other]) == 1
+        assert "pins" in capsys.readouterr().err
+    finally:
+        server.stop(None)
