@@ -23,6 +23,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,6 +112,7 @@ _DIE_WITH_PARENT = ("import ctypes, os, sys; ctypes.CDLL(None).prctl(1, 15, 0, 0
                     "os.getppid() == int(sys.argv[1]) or sys.exit(1); os.execv(sys.argv[2], sys.argv[2:])")
 
 BASE_NAME = "swarmrl-base"   # the served name of the base model (never an adapter's name)
+_SPAWNER = ThreadPoolExecutor(1, thread_name_prefix="vllm-spawn")   # forks servers (see VLLMServer._spawn)
 KV_CACHE_SEQUENCES = 16        # full-length sequences the CPU KV cache holds (a worker's batch)
 KV_CACHE_FLOOR_BYTES = 64 * 2**20
 
@@ -139,6 +141,7 @@ class VLLMServer:
         self.base_name = base_name or BASE_NAME   # the served name of the base model
         self.spec, self.python = spec, python       # what `restart` starts again (None: attached)
         self.remove_on_close: Path | None = None    # a temporary folder (the log's) `close` deletes
+        self._starting = False                      # spawned, not yet seen healthy
 
     @classmethod
     def attach(cls, url: str, timeout_s: float = 10.0) -> VLLMServer:
@@ -167,20 +170,31 @@ class VLLMServer:
         python = python or vllm_python()
         if python is None:
             raise VLLMUnavailable("vLLM's environment (.venv-vllm) is absent: run scripts/vllm_env.sh")
-        port = _free_port()
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as sink:
-            argv = [str(python), "-c", _DIE_WITH_PARENT, str(os.getpid()), *spec.argv(python, port)]
-            proc = subprocess.Popen(argv, env=spec.env(), stdout=sink, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, process_group=0)
-        server = cls(f"http://127.0.0.1:{port}", proc, log_path, spec=spec, python=python)
+        server = cls("", None, log_path, spec=spec, python=python)
+        server._spawn()
         try:
             server.wait_healthy(timeout_s)
         except BaseException:
             server.close()
             raise
-        log.info("vLLM server pid %d at %s (log %s)", proc.pid, server.url, log_path)
+        server._starting = False
+        log.info("vLLM server pid %d at %s (log %s)", server.proc.pid if server.proc else -1, server.url, log_path)
         return server
+
+    def _spawn(self) -> None:
+        """Start the server process on a free port (not waiting for it). The process is forked
+        by `_SPAWNER`'s thread, which lives as long as this process: PR_SET_PDEATHSIG fires when
+        the forking *thread* ends, so a server forked by a short-lived thread (a recovery run
+        from a worker thread) would be killed with it."""
+        assert self.spec is not None and self.python is not None and self.log_path is not None
+        port = _free_port()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = [str(self.python), "-c", _DIE_WITH_PARENT, str(os.getpid()), *self.spec.argv(self.python, port)]
+        with open(self.log_path, "ab") as sink:
+            self.proc = _SPAWNER.submit(subprocess.Popen, argv, env=self.spec.env(), stdout=sink,
+                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0).result()
+        self.url = f"http://127.0.0.1:{port}"
+        self._starting = True
 
     def healthy(self) -> bool:
         """Whether the server answers GET /health with 200 now (and, if started here, still runs)."""
@@ -194,16 +208,17 @@ class VLLMServer:
 
     def restart(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Bring a failed server back: one started here is ended (whatever is left of it) and
-        started again with the same spec, on a new port, appending to the same log; an attached
-        one is waited for. It then serves no adapter. Raises VLLMServerError if it doesn't serve
-        within `timeout_s`."""
+        started again with the same spec, on a new port, appending to the same log (a restart
+        that timed out is waited for again, not redone); an attached one is waited for. It then
+        serves no adapter. Raises VLLMServerError if it doesn't serve within `timeout_s`."""
         if self.spec is None:
             self.wait_healthy(timeout_s)
             return
-        assert self.log_path is not None
-        self._end(STOP_GRACE_S)
-        fresh = VLLMServer.start(self.spec, self.log_path, self.python, timeout_s=timeout_s)
-        self.url, self.proc = fresh.url, fresh.proc
+        if not (self._starting and self.proc is not None and self.proc.poll() is None):
+            self._end(STOP_GRACE_S)   # else: a restart still on its way (slow on a loaded machine): wait on
+            self._spawn()             # for it rather than kill it and start from scratch
+        self.wait_healthy(timeout_s)
+        self._starting = False
         log.warning("vLLM server restarted: pid %s at %s", self.proc.pid if self.proc else None, self.url)
 
     def wait_healthy(self, timeout_s: float) -> None:

@@ -124,6 +124,38 @@ def test_two_jobs_at_once_each_on_its_own_adapter(vllm, hf, states) -> None:
     assert results["job-a"] != results["job-b"] != results[None] != results["job-a"]
 
 
+def test_more_jobs_than_the_server_is_sized_for_each_run_on_its_own_adapter(vllm, hf, states) -> None:
+    """The server is sized for 2 jobs (3 adapters a batch with the base's zero adapter, 5 kept
+    loaded); 4 jobs and the base model at once must still each get their own adapter: vLLM
+    queues what doesn't fit a batch and reloads what it evicted from the adapter's folder."""
+    greedy = Sampling(n=1, max_new_tokens=10, temperature=0.0)
+    prompts = encode(vllm)
+    extra = {"job-c": random_state(states["job-a"], 3), "job-d": random_state(states["job-a"], 4)}
+    for name, state in extra.items():
+        vllm.set_adapter(name, state)
+        hf.set_adapter(name, state)
+    jobs: list[str | None] = ["job-a", "job-b", "job-c", "job-d", None]
+    results: dict[str | None, list[list[int]]] = {}
+
+    def run(adapter: str | None) -> None:
+        results[adapter] = [g[0].token_ids for g in vllm.generate(prompts, greedy, adapter=adapter)]
+
+    try:
+        for _ in range(2):   # the second round runs on adapters the first one evicted
+            threads = [threading.Thread(target=run, args=(a,)) for a in jobs]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for adapter in jobs:
+                assert results[adapter] == [g[0].token_ids for g in hf.generate(prompts, greedy, adapter=adapter)], adapter
+        assert len({tuple(map(tuple, r)) for r in results.values()}) == len(jobs)   # visibly different
+    finally:
+        for name in extra:
+            vllm.remove_adapter(name)
+            hf.remove_adapter(name)
+
+
 def test_versions_load_by_content_hash_new_before_old(vllm, states) -> None:
     served = lambda: {m["id"] for m in vllm.server.get("/v1/models")["data"]}
     v1 = vllm.loaded_versions("job-a")[-1]
