@@ -15,6 +15,7 @@ import torch
 from swarmrl.node.inference.base import BackendError, SampledCompletion, Sampling
 from swarmrl.node.inference.hf import _Sampler
 from swarmrl.node.metrics import Families
+from swarmrl.node.swarm.catchup import SyncStats
 from swarmrl.node.worker.engine import EngineFailed, with_recovery
 from swarmrl.node.worker.main import Worker
 from swarmrl.node.worker.session import JobSession
@@ -90,9 +91,7 @@ def test_groups_with_nonfinite_logprobs_are_dropped_and_counted(monkeypatch) -> 
     f = Families()
     session_families(f, "job", SimpleNamespace(stats=session.stats, record=session.record,
                                                replica=SimpleNamespace(version=3),
-                                               sync=SimpleNamespace(stats=SimpleNamespace(bytes_from_peers=0,
-                                                                                          bytes_from_trainer=0),
-                                                                    gossip=None)))
+                                               sync=SimpleNamespace(stats=SyncStats(), gossip=None)))
     dropped = [s for m in f for s in m.samples if s.name == "swarmrl_worker_groups_dropped_total"]
     assert [(s.labels["reason"], s.value) for s in dropped] == [("nonfinite_logprobs", 1)]
 
