@@ -10,7 +10,9 @@ completions per prompt; batches are built and signed before the clock starts, wi
 from the worker's own tokenizer (the trainer's prompt-id cache starts cold, as in a live job).
 Each repeat runs the old and the new code in fresh processes (the old from `git archive
 --old-ref`), alternating, and prints groups per wall second and per CPU second (process time:
-the figure "on one core"), their medians and new/old ratios.
+the figure "on one core"), their medians and new/old ratios; the new code runs twice, with
+the ledger's default synchronous=FULL and with NORMAL (`Ledger` says what each promises).
+The wall figures move with whatever else the machine runs; CPU seconds much less.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-OLD_REF = "7a25018"   # main before issue 11's admission work
+from old_code import OLD_REF, old_tree  # benchmarks/old_code.py (run as a script)
 
 
-def measure(model: str, peers: int, prompts: int, group_size: int, tokens: int, state: Path) -> dict[str, float]:
-    """Admit `peers` signed batches on a fresh ledger under `state`; groups/s (wall and CPU)."""
+def measure(model: str, peers: int, prompts: int, group_size: int, tokens: int, state: Path,
+            sync: str = "full") -> dict[str, float]:
+    """Admit `peers` signed batches on a fresh ledger under `state` (synchronous `sync`: only
+    the new code takes another than "full"); groups/s (wall and CPU)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
@@ -50,7 +53,7 @@ def measure(model: str, peers: int, prompts: int, group_size: int, tokens: int, 
                        lease_ttl_s=3600)
     path = find_base_model(spec.base_model, cache)
     tokens = min(tokens, spec.sampling.max_new_tokens)
-    ledger = Ledger(state / "ledger.sqlite")
+    ledger = Ledger(state / "ledger.sqlite") if sync == "full" else Ledger(state / "ledger.sqlite", synchronous=sync)
     job = JobRuntime("job-bench", spec, identity=Identity.from_seed(b"t" * 32), model_path=path, state_dir=state,
                      ledger=ledger)
     _, worker_tok = load_causal_lm(path)   # the worker's tokenizer: its own, not the trainer's cache
@@ -95,28 +98,14 @@ def measure(model: str, peers: int, prompts: int, group_size: int, tokens: int, 
     return {"groups": admitted, "tokens": tokens, "wall_s": wall, "cpu_s": cpu, "per_wall_s": admitted / wall, "per_cpu_s": admitted / cpu}
 
 
-def old_tree(ref: str, into: Path) -> Path:
-    """The package at `ref` laid out as installed (swarmrl/{node,protocol,...}) under `into`."""
-    src = into / "src"
-    src.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", ref, "swarmrl", "node", "protocol", "validator",
-                              "simulations"], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
-    tree = into / "tree" / "swarmrl"
-    tree.mkdir(parents=True)
-    (tree / "__init__.py").symlink_to(src / "swarmrl" / "__init__.py")
-    for d in ("node", "protocol", "validator", "simulations"):
-        (tree / d).symlink_to(src / d)
-    return tree.parent
-
-
-def _child(args: argparse.Namespace, pythonpath: Path | None) -> dict[str, float]:
+def _child(args: argparse.Namespace, pythonpath: Path | None, sync: str = "full") -> dict[str, float]:
     with tempfile.TemporaryDirectory() as state:
         env = dict(os.environ)
         if pythonpath is not None:
             env["PYTHONPATH"] = f"{pythonpath}:{env.get('PYTHONPATH', '')}"
         cmd = [sys.executable, __file__, "--child", "--model", args.model, "--peers", str(args.peers), "--prompts",
-               str(args.prompts), "--group-size", str(args.group_size), "--tokens", str(args.tokens), "--state", state]
+               str(args.prompts), "--group-size", str(args.group_size), "--tokens", str(args.tokens), "--state", state,
+               "--sync", sync]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=state).stdout
         return dict(json.loads(out.strip().splitlines()[-1]))
 
@@ -132,17 +121,19 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--old-ref", default=OLD_REF)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--sync", default="full", help=argparse.SUPPRESS)
     ap.add_argument("--state", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(measure(args.model, args.peers, args.prompts, args.group_size, args.tokens, args.state)))
+        print(json.dumps(measure(args.model, args.peers, args.prompts, args.group_size, args.tokens, args.state,
+                                 args.sync)))
         return
-    rows: dict[str, list[dict[str, float]]] = {"old": [], "new": []}
+    rows: dict[str, list[dict[str, float]]] = {"old": [], "new": [], "new-normal": []}
     with tempfile.TemporaryDirectory() as tmp:
         old = old_tree(args.old_ref, Path(tmp))
         for r in range(args.repeats):
-            for name, path in (("old", old), ("new", None)):
-                rows[name].append(_child(args, path))
+            for name, path, sync in (("old", old, "full"), ("new", None, "full"), ("new-normal", None, "normal")):
+                rows[name].append(_child(args, path, sync))
                 f = rows[name][-1]
                 print(f"repeat {r + 1} {name}: {f['groups']:.0f} groups, {f['per_wall_s']:,.0f}/s wall, "
                       f"{f['per_cpu_s']:,.0f}/CPU-s", flush=True)
@@ -150,9 +141,11 @@ def main() -> None:
     print(f"\n{args.model}: {args.peers} batches of {args.prompts} groups x G={args.group_size} x {args.tokens} tokens,"
           f" (at most max_new_tokens), median of {args.repeats}")
     print(f"old ({args.old_ref}): {med['old']['per_wall_s']:,.0f} groups/s wall, {med['old']['per_cpu_s']:,.0f} per CPU-s")
-    print(f"new: {med['new']['per_wall_s']:,.0f} groups/s wall, {med['new']['per_cpu_s']:,.0f} per CPU-s")
-    print(f"new/old: wall x{med['new']['per_wall_s'] / med['old']['per_wall_s']:.2f},"
-          f" CPU x{med['new']['per_cpu_s'] / med['old']['per_cpu_s']:.2f}")
+    for name in ("new", "new-normal"):
+        m = med[name]
+        print(f"{name} (ledger synchronous={'NORMAL' if 'normal' in name else 'FULL'}): {m['per_wall_s']:,.0f} groups/s"
+              f" wall, {m['per_cpu_s']:,.0f} per CPU-s; vs old: wall x{m['per_wall_s'] / med['old']['per_wall_s']:.2f},"
+              f" CPU x{m['per_cpu_s'] / med['old']['per_cpu_s']:.2f}")
 
 
 if __name__ == "__main__":

@@ -163,6 +163,8 @@ class TrainerConfig(_Config):
     # deadline and idle timeout) and per-peer / per-address rate limits (node/rate_limits.py)
     grpc_limits: GrpcLimits = GrpcLimits()
     rate_limits: RateLimits = RateLimits()
+    # "full": an admitted group survives power loss; "normal": a process crash only, less CPU (Ledger)
+    ledger_sync: Literal["full", "normal"] = "full"
 
     @field_validator("device")
     @classmethod

@@ -141,7 +141,9 @@ def _check_rewards(c: pb.Completion, lim: AdmissionLimits) -> str:
     if math.isnan(c.reward):
         # A failed grade is a recorded failure: allowed only when the worker says why.
         return "" if c.grade_error else NON_FINITE
-    if not math.isfinite(c.reward) or any(math.isinf(r) for r in c.rewards):
+    if not math.isfinite(c.reward):
+        return NON_FINITE
+    if not math.isfinite(sum(c.rewards)) and any(math.isinf(r) for r in c.rewards):   # NaN: a failed function
         return NON_FINITE
     lo, hi = lim.reward_range
     if not lo - 1e-6 <= c.reward <= hi + 1e-6:

@@ -1,7 +1,7 @@
 """The trainer's ledger: SQLite, the durable record of jobs, leases, admitted groups and steps.
 
-Admitted groups are committed (WAL, synchronous=FULL) before the worker's receipt is sent, so no
-acknowledged rollout is lost to a crash. Groups move pending -> trained | dropped.
+Admitted groups are committed (WAL, synchronous=FULL unless the operator chose NORMAL: see
+`Ledger`) before the worker's receipt is sent, so no acknowledged rollout is lost to a crash. Groups move pending -> trained | dropped.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from swarmrl.node.sqlite_store import connect
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -63,10 +63,20 @@ class PendingGroup:
 
 
 class Ledger:
-    """Thread-safe SQLite ledger (one connection, serialized by a lock)."""
+    """Thread-safe SQLite ledger (one connection, serialized by a lock).
 
-    def __init__(self, path: Path) -> None:
+    synchronous: "full" (default) syncs the write-ahead log at every commit, so an acknowledged
+    group survives a power loss or an OS crash. "normal" syncs only at checkpoints: a commit
+    still survives the trainer process crashing or being killed (it is in the OS's page cache),
+    but a power loss may roll back the last commits, i.e. lose groups whose workers were told
+    they were admitted. It costs less CPU per batch (benchmarks/admission_throughput.py) and is
+    the operator's call (TrainerConfig.ledger_sync); the default keeps the stronger promise.
+    """
+
+    def __init__(self, path: Path, *, synchronous: Literal["full", "normal"] = "full") -> None:
         self._db = connect(path, SCHEMA, durable=True)
+        if synchronous == "normal":
+            self._db.execute("PRAGMA synchronous=NORMAL")
         self._lock = threading.Lock()
 
     @contextmanager

@@ -45,7 +45,7 @@ class Trainer:
 
     def __init__(self, cfg: TrainerConfig, identity: Identity, dht: hivemind.DHT | None = None) -> None:
         self.cfg, self.identity, self.dht = cfg, identity, dht
-        self.ledger = Ledger(cfg.state_dir / "ledger.sqlite")
+        self.ledger = Ledger(cfg.state_dir / "ledger.sqlite", synchronous=cfg.ledger_sync)
         self.jobs: dict[str, JobRuntime] = {}
         self.upload_bytes = 0
         self.unrouted_rejections = 0  # batches naming no job we host (or unparseable): nothing to count them under

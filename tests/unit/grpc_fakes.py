@@ -1,5 +1,6 @@
 """An in-memory trainer behind the real gRPC service, for the server's load and limit tests and
-benchmarks/grpc_load.py: downloads are as large as asked (so a reader that stops reading blocks
+benchmarks/lease_latency.py (which runs it against older code too, so it imports only what
+every version has): downloads are as large as asked (so a reader that stops reading blocks
 its stream), leases are granted at once, submissions are admitted at once."""
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from swarmrl.node.grpc_guard import peer_metadata
 from swarmrl.node.grpc_options import channel_options
 from swarmrl.protocol import signing
 from swarmrl.protocol.identity import Identity
@@ -96,7 +96,7 @@ class SlowDownloader:
 
     def __init__(self, endpoint: str, name: str) -> None:
         self.channel, s = stub(endpoint)
-        self.call = s.FetchAdapter(pb.AdapterRequest(job_id=JOB, requester="worker"), metadata=peer_metadata(name))
+        self.call = s.FetchAdapter(pb.AdapterRequest(job_id=JOB, requester="worker"), metadata=(("swarmrl-peer", name),))
         self.first = threading.Event()
         self.error: grpc.RpcError | None = None
         threading.Thread(target=self._read_one, daemon=True).start()
