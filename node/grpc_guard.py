@@ -127,7 +127,7 @@ class StreamGuard(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc's inter
     def _admit(self, method: str, context: grpc.ServicerContext, claimed: str) -> _Stream:
         """Count the stream in, or refuse it at once (aborts the call: RESOURCE_EXHAUSTED)."""
         address = source_address(context.peer())
-        peer = claimed or address
+        peer = claimed   # "": a caller naming no peer is bounded per address only
         now = self.clock()
         with self._lock:
             reason = self._over_bound(peer, address)
@@ -145,7 +145,7 @@ class StreamGuard(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc's inter
         lim = self.limits
         if len(self._streams) >= lim.max_streams:
             return "total"
-        if sum(s.peer == peer for s in self._streams) >= lim.max_streams_per_peer:
+        if peer and sum(s.peer == peer for s in self._streams) >= lim.max_streams_per_peer:
             return "per_peer"
         if sum(s.address == address for s in self._streams) >= lim.max_streams_per_address:
             return "per_address"
@@ -200,7 +200,7 @@ class StreamGuard(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc's inter
                 continue
             stream.ended = why
             self.reaped[why] += 1
-            log.info("ending %s stream of %s (%s): %s", stream.method, stream.peer, stream.address, why)
+            log.info("ending %s stream of %s (%s): %s", stream.method, stream.peer or "-", stream.address, why)
             stream.context.cancel()
             n += 1
         return n

@@ -19,8 +19,8 @@ class GrpcLimits(BaseModel):
 
     A "stream" is any call with a streaming request or response (adapter and data-set downloads,
     `SampleAdmitted`, `SubmitRollouts`, health `Watch`). A "peer" is the peer id the caller names
-    in its `swarmrl-peer` metadata, else its source address; the per-address
-    bound holds however many peer ids one address claims.
+    in its `swarmrl-peer` metadata (workers do); a caller naming none is bounded per address
+    only, and the per-address bound holds however many peer ids one address claims.
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -211,3 +211,16 @@ def test_workers_back_off_with_jitter_on_overload_and_honour_the_hint():
         call_with_backoff(lambda: (_ for _ in ()).throw(_Refused(grpc.StatusCode.PERMISSION_DENIED)),
                           sleep=slept.append)
     assert len(slept) == 2
+
+
+def test_callers_naming_no_peer_are_bounded_per_address(served):
+    _, server, endpoint = served(GrpcLimits(max_streams=8, max_streams_per_peer=1, max_streams_per_address=3))
+    held = _downloaders(endpoint, 3, name=lambda i: "")   # no peer id: only the address bound applies
+    try:
+        fourth = SlowDownloader(endpoint, "")
+        assert fourth.first.wait(5) and fourth.error is not None
+        assert fourth.error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert server.guard.refused == {"per_address": 1}
+    finally:
+        for d in held:
+            d.close()
