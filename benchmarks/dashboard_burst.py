@@ -101,7 +101,7 @@ def main() -> None:
         ledger = Ledger(Path(tmp) / "ledger.sqlite")
         job = JobRuntime(JOB, spec, identity=Identity.from_seed(b"t" * 32), model_path=prepare_base_model("tiny", cache),
                          state_dir=Path(tmp), ledger=ledger)
-        trainer = SimpleNamespace(jobs={JOB: job}, identity=job.identity, unrouted_rejections=0)
+        trainer = SimpleNamespace(jobs={JOB: job}, identity=job.identity, unrouted_rejections=0, grpc_guard=None)
         ops = start_trainer_ops(trainer, SimpleNamespace(metrics_port=0, metrics_host="127.0.0.1"))
         assert ops is not None
         urls = [ops.url(f"/jobs/{JOB}"), ops.url(f"/jobs/{JOB}/panel"), ops.url(f"/jobs/{JOB}/status.json"),

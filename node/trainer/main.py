@@ -36,6 +36,8 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 if TYPE_CHECKING:
     import hivemind
 
+    from swarmrl.node.grpc_guard import StreamGuard
+
 log = logging.getLogger(__name__)
 COTRAINER_LOOK_S = 0.5   # how often the job records are read to follow cotrainers
 
@@ -49,6 +51,7 @@ class Trainer:
         self.jobs: dict[str, JobRuntime] = {}
         self.upload_bytes = 0
         self.unrouted_rejections = 0  # batches naming no job we host (or unparseable): nothing to count them under
+        self.grpc_guard: StreamGuard | None = None   # the gRPC server's stream guard, once serving (metrics)
         self._lock = threading.Lock()
         for job_id, envelope in self.ledger.jobs():
             job, _ = signing.open_signed(envelope, signing.JOB, pb.Job)
@@ -198,6 +201,7 @@ def run(cfg: TrainerConfig) -> None:
     stop, identity, dht = start_role("trainer", cfg.key, cfg.net, cfg.threads)
     trainer = Trainer(cfg, identity, dht)
     grpc_side = serve_grpc(trainer, cfg)
+    trainer.grpc_guard = grpc_side.server.guard
     endpoint = grpc_side.announce
     ops = start_trainer_ops(trainer, cfg)
     write_ready(cfg.ready_file, {"endpoint": grpc_side.local, "announce": endpoint, "peer_id": identity.peer_id,

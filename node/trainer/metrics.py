@@ -1,6 +1,7 @@
 """The trainer's Prometheus metrics, read from its jobs and ledger at scrape time (no counters in
 the admission or step paths): groups admitted / rejected by reason / pending / on probation,
-steps, step time, reward, ESS, staleness, adapter bytes served, bans, validator verdicts."""
+steps, step time, reward, ESS, staleness, adapter bytes served, bans, validator verdicts, calls
+refused by rate limits; and the gRPC server's streams (active, refused, ended)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,15 @@ def trainer_metrics(trainer: Trainer) -> Iterator[Metric]:
     f = Families()
     f.counter(P + "unrouted_batches_total", "rollout batches naming no job hosted here", {},
               trainer.unrouted_rejections)
+    guard = trainer.grpc_guard
+    if guard is not None:
+        f.gauge(P + "grpc_streams_active", "gRPC streams being served now", {}, guard.active())
+        for reason, n in sorted(guard.refused.items()):
+            f.counter(P + "grpc_streams_refused_total", "gRPC streams refused over a bound (total, per_peer, per_address)",
+                      {"reason": reason}, n)
+        for reason, n in sorted(guard.reaped.items()):
+            f.counter(P + "grpc_streams_ended_total", "gRPC streams ended by the server (deadline, idle)",
+                      {"reason": reason}, n)
     for job in list(trainer.jobs.values()):
         job_families(f, job)
     yield from f
@@ -58,6 +68,11 @@ def job_families(f: Families, job: JobRuntime) -> None:
         f.counter(P + "adapter_served_bytes_total", "adapter payload bytes served over gRPC, by requester kind",
                   {**j, "requester": requester}, n)
     f.gauge(P + "banned_peers", "peers banned from the job now", j, len(job.admission.banned))
+    with job.admission.gate:
+        refused = dict(job.admission.refused)
+    for reason, n in sorted(refused.items()):
+        f.counter(P + "calls_refused_total", "lease and submit calls refused before admission (rate limits), by reason",
+                  {**j, "reason": reason}, n)
     checked, failed = ledger.verdict_counts(job_id)
     f.counter(P + "verdicts_total", "validator verdicts received, by result", {**j, "result": "passed"}, checked - failed)
     f.counter(P + "verdicts_total", "validator verdicts received, by result", {**j, "result": "failed"}, failed)

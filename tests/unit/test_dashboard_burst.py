@@ -25,7 +25,7 @@ def test_step_completes_under_a_burst_of_page_requests(tmp_path: Path, model_cac
     ledger = Ledger(tmp_path / "ledger.sqlite")
     job = JobRuntime(JOB, spec, identity=Identity.from_seed(b"t" * 32), model_path=prepare_base_model("tiny", model_cache),
                      state_dir=tmp_path, ledger=ledger)
-    trainer = SimpleNamespace(jobs={JOB: job}, identity=job.identity, unrouted_rejections=0)
+    trainer = SimpleNamespace(jobs={JOB: job}, identity=job.identity, unrouted_rejections=0, grpc_guard=None)
     ops = start_trainer_ops(trainer, SimpleNamespace(metrics_port=0, metrics_host="127.0.0.1"))
     assert ops is not None
     try:
