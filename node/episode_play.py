@@ -28,6 +28,7 @@ from swarmrl.protocol.envs.trace import Trace, model_spans
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 Generate = Callable[[list[list[int]], Sampling], list[list[SampledCompletion]]]
+Script = Callable[[PromptSpec, list[str]], SampledCompletion]   # (prompt, turns so far) -> next turn
 REPLY_TIMEOUT_S = 5.0
 
 
@@ -67,11 +68,12 @@ class _Episode:
 
 def play_episodes(generate: Generate, tokenizer: Any, env: EpisodeEnv, specs: Sequence[PromptSpec],
                   prompt_ids: Sequence[Sequence[int]], *, n: int, sampling: Sampling, limits: EpisodeSpec,
-                  reply_timeout_s: float = REPLY_TIMEOUT_S) -> list[list[Trace]]:
+                  reply_timeout_s: float = REPLY_TIMEOUT_S, script: Script | None = None) -> list[list[Trace]]:
     """`n` episodes of each prompt; result indexed [prompt][episode].
 
     sampling: one model turn's parameters (`n` is ignored: each call samples one turn per
     unfinished episode; the seed, if set, advances by one per turn).
+    script: play these turns instead of sampling (`scripted`); `generate` is then not called.
     """
     episodes = [_Episode(p, spec, Trace()) for p, spec in enumerate(specs) for _ in range(n)]
     active = list(episodes)
@@ -81,7 +83,8 @@ def play_episodes(generate: Generate, tokenizer: Any, env: EpisodeEnv, specs: Se
         seed = None if sampling.seed is None else sampling.seed + turn
         turn_sampling = Sampling(n=1, max_new_tokens=sampling.max_new_tokens, temperature=sampling.temperature,
                                  top_p=sampling.top_p, stop=sampling.stop, seed=seed)
-        outs = generate(contexts, turn_sampling)
+        outs = ([[script(e.spec, list(e.trace.turn_texts))] for e in active] if script is not None
+                else generate(contexts, turn_sampling))
         active = [e for e, out in zip(active, outs, strict=True)
                   if _advance(e, out[0], env, tokenizer, limits, reply_timeout_s)]
         turn += 1
@@ -114,6 +117,16 @@ def _advance(e: _Episode, out: SampledCompletion, env: EpisodeEnv, tokenizer: An
         return False
     trace.add_env(obs, tokenizer.decode(obs))
     return True
+
+
+def scripted(tokenizer: Any, env: EpisodeEnv) -> Script:
+    """The environment's reference player (`env.scripted_turn`) as a `Script`: each turn's text
+    tokenized alone, its log-probs 0.0."""
+    def turn(spec: PromptSpec, turns: list[str]) -> SampledCompletion:
+        text = env.scripted_turn(spec, turns)
+        ids = encode_observation(tokenizer, text)
+        return SampledCompletion(ids, [0.0] * len(ids), "stop", text)
+    return turn
 
 
 def trace_completion(trace: Trace, policy_version: int) -> pb.Completion:

@@ -195,11 +195,17 @@ class CalculatorEnv(EpisodeEnv):
                 break
         answer = a + b if op == "+" else a - b if op == "-" else a * b
         text = f"{EXAMPLES}Q: {template.format(a=a, b=b)}\nA:"
-        return PromptSpec(index=index, text=text, info={"answer": answer, "family": kind})
+        return PromptSpec(index=index, text=text, info={"answer": answer, "family": kind, "expression": f"{a}{op}{b}"})
 
     def reply(self, spec: PromptSpec, turns: Sequence[str]) -> Reply:
         """The tool's result when the last turn ends with a call, else the end of the episode."""
         return tool_reply(turns[-1])
+
+    def scripted_turn(self, spec: PromptSpec, turns: Sequence[str]) -> str:
+        """The reference player: calls the tool on the problem, then answers with its result."""
+        if not turns:
+            return f" <calc>{spec.info['expression']}</calc>"
+        return f". Answer: {spec.info['answer']}\n"
 
     @staticmethod
     def solved(info: dict[str, Any], turns: Sequence[str]) -> bool:

@@ -78,6 +78,14 @@ class EpisodeEnv(Environment):
         """
         raise NotImplementedError
 
+    def scripted_turn(self, spec: PromptSpec, turns: Sequence[str]) -> str:
+        """A reference player's next turn after `turns` (for `swarmrl env check` and tests).
+
+        Raises:
+            NotImplementedError: the environment has no scripted player.
+        """
+        raise NotImplementedError(f"{self.name} has no scripted player")
+
     @staticmethod
     def solved(info: dict[str, Any], turns: Sequence[str]) -> bool:
         """Whether an episode with these model turns solved its task (for `swarmrl eval`);

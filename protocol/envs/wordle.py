@@ -139,6 +139,10 @@ class WordleEnv(EpisodeEnv):
         """Feedback on the last guess, or the end (solved or six guesses spent)."""
         return play(str(spec.info["secret"]), turns)
 
+    def scripted_turn(self, spec: PromptSpec, turns: Sequence[str]) -> str:
+        """The reference player: opens with "crane", then names the secret."""
+        return " crane\n" if not turns else f" {spec.info['secret']}\n"
+
     @staticmethod
     def solved(info: dict[str, Any], turns: Sequence[str]) -> bool:
         """Whether the episode found the word (for `swarmrl eval`)."""
