@@ -129,6 +129,21 @@ def scripted(tokenizer: Any, env: EpisodeEnv) -> Script:
     return turn
 
 
+def episode_rewards(env: EpisodeEnv, specs: Sequence[PromptSpec], traces: Sequence[Sequence[Trace]],
+                    tokenizer: Any) -> list[list[float | None]]:
+    """Grade played episodes in-process (`swarmrl eval`, `env check`): rows `rewards_F`, one per
+    episode in [prompt][episode] order, with the columns workers pass (`turns`, `group`)."""
+    rows, texts = [], []
+    for spec, group in zip(specs, traces, strict=True):
+        for t in group:
+            info = {**spec.info, "turns": list(t.turn_texts)}
+            if env.group_rewards:
+                info["group"] = spec.index
+            rows.append(PromptSpec(index=spec.index, text=spec.text, info=info))
+            texts.append(tokenizer.decode(t.token_ids_T, skip_special_tokens=True))
+    return env.rewards(rows, texts)
+
+
 def trace_completion(trace: Trace, policy_version: int) -> pb.Completion:
     """The wire form of one episode (ungraded)."""
     return pb.Completion(token_ids=trace.token_ids_T, logprobs=trace.logprobs_T, finish_reason=trace.finish_reason,

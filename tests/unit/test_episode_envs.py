@@ -150,3 +150,25 @@ def test_admission_rejects_bad_traces_with_a_reason() -> None:
     assert adm.check_completion(completion(logprobs=bad_lp), lease, 0, lim) == ENV_LOGPROB
     nan_model = [math.nan, -1.0, 0.0, 0.0, 0.0, -0.25]
     assert adm.check_completion(completion(logprobs=nan_model), lease, 0, lim) == adm.NON_FINITE
+
+
+def test_the_grading_pool_gives_a_group_reward_the_same_over_a_batch_or_one_group() -> None:
+    """The validator re-grades only its sampled groups: a group-level reward must not depend on
+    the other groups of the worker's batch."""
+    from swarmrl.node.grading import GradingPool
+
+    env = calc.CalculatorEnv()
+    a, b = env.prompt(0, 1), env.prompt(0, 2)
+
+    def rows(spec: calc.PromptSpec, finals: list[str]) -> tuple[list[str], list[str], list[dict[str, object]]]:
+        turns = [[f" <calc>{spec.info['expression']}</calc>", f". {f}\n"] for f in finals]
+        infos = [{**spec.info, "turns": t, "group": spec.index} for t in turns]
+        return [spec.text] * len(finals), ["".join(t) for t in turns], infos
+
+    ra = rows(a, [f"Answer: {a.info['answer']}", f"So it is. Answer: {a.info['answer']}", "Answer: 0"])
+    rb = rows(b, [f"Answer: {b.info['answer']} at last", f"Answer: {b.info['answer']}"])
+    with GradingPool("calculator", "1", timeout_s=20.0) as pool:
+        both = pool.grade(ra[0] + rb[0], ra[1] + rb[1], ra[2] + rb[2])
+        alone = pool.grade(*rb)
+    assert [g.rewards[2] for g in both] == [1.0, 0.0, 0.0, 0.0, 1.0]
+    assert [g.reward for g in both[3:]] == [g.reward for g in alone] == [pytest.approx(1.1), pytest.approx(1.3)]
