@@ -10,7 +10,8 @@ Expressions are evaluated safely: Python's `ast` restricted to numbers, + - * / 
 unary signs, at most 64 characters, exponents at most 12, results at most 1e15 in magnitude;
 nothing else runs, so a call cannot hang or reach anything.
 
-Rewards (weights): `correct_reward` 1.0, `format_reward` 0.1 (an `Answer:` line),
+Rewards (weights): `correct_reward` 1.0, `format_reward` 0.1 (an `Answer:` line; half for a bare
+integer, which keeps some reward variance in groups of an untrained model),
 `shortest_correct_reward` 0.2, a group-level reward (`protocol.envs.group_rewards`): the correct
 episodes of minimal length in their group. Total in [0, 1.3].
 """
@@ -146,8 +147,10 @@ def correct_reward(prompts: list[str], completions: list[str], answer: list[int]
 
 def format_reward(prompts: list[str], completions: list[str], turns: list[list[str]],
                   **kwargs: Any) -> list[float | None]:
-    """1.0 when the final turn holds an `Answer: N` line, else 0.0."""
-    return [1.0 if _ANSWER.search(_final(ts)) else 0.0 for ts in turns]
+    """1.0 when the final turn holds an `Answer: N` line, 0.5 when it holds some other parseable
+    answer (an integer on its last line), else 0.0."""
+    return [1.0 if _ANSWER.search(_final(ts)) else 0.5 if parse_answer(_final(ts)) is not None else 0.0
+            for ts in turns]
 
 
 def shortest_correct_reward(prompts: list[str], completions: list[str], answer: list[int],

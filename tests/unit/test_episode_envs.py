@@ -82,6 +82,7 @@ def test_calculator_replies_and_grades() -> None:
             "group": [7, 7, 7]}
     assert calc.correct_reward(**cols) == [1.0, 1.0, 0.0]
     assert calc.format_reward(**cols) == [1.0, 1.0, 1.0]
+    assert calc.format_reward(prompts=["q"] * 3, completions=[""] * 3, turns=[["so 4"], ["none"], []]) == [0.5, 0.0, 0.0]
     assert calc.shortest_correct_reward(**cols) == [1.0, 0.0, 0.0]
     assert calc.tool_calls(good) == 1 and calc.tool_calls(bad) == 0
     assert calc.parse_answer("so 42") == 42 and calc.parse_answer("nothing") is None
