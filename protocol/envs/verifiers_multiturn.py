@@ -30,7 +30,7 @@ from swarmrl.protocol.envs.verifiers_adapter import VerifiersEnv
 
 def _resolve(value: Any) -> Any:
     """The value of a sync or async call."""
-    return asyncio.run(value) if inspect.isawaitable(value) else value
+    return asyncio.run(value) if inspect.iscoroutine(value) else value
 
 
 def is_multiturn(vf_env: Any) -> bool:
