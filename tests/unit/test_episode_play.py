@@ -218,3 +218,24 @@ def test_the_scripted_player_solves_in_two_turns(world: World, name: str) -> Non
             assert env.solved(spec.info, t.turn_texts)
     if name == "calculator":
         assert traces[0][0].observations[0] == f" = {specs[0].info['answer']}"
+
+
+def test_shared_first_observation_prefill_scores_episodes_as_full_prefills(
+        world: World, episodes: tuple[JobSpec, list[pb.Group]]) -> None:
+    """The trainer's and validator's shared-prompt prefill: a group's G episodes share their first
+    observation, prefilled once; the stored trace ids are scored as they are."""
+    from swarmrl.node.inference.scoring import completion_logprobs, shared_prompt_logprobs
+
+    _, groups = episodes
+    prompts = [list(g.prompt_token_ids) for g in groups for _ in g.completions]
+    traces = [list(c.token_ids) for g in groups for c in g.completions]
+    pad = world.backend.pad_token_id
+    with torch.no_grad(), world.backend.activated("worker") as model:
+        shared_BT, mask_BT = shared_prompt_logprobs(model, prompts, traces, temperature=1.0, pad_id=pad)
+        full_BT, _ = completion_logprobs(model, prompts, traces, temperature=1.0, pad_id=pad)
+    assert torch.allclose(shared_BT[mask_BT], full_BT[mask_BT], atol=1e-5)
+    flat = [c for g in groups for c in g.completions]
+    for i, c in enumerate(flat):   # the sampler's log-probs of model tokens are reproduced
+        model_T = torch.tensor([m == 1 for m in c.token_mask])
+        got = shared_BT[i, :len(c.token_ids)][model_T]
+        assert torch.allclose(got, torch.tensor(list(c.logprobs))[model_T], atol=1e-4)
