@@ -52,10 +52,10 @@ def safe_reply(env: EpisodeEnv, spec: PromptSpec, turns: Sequence[str], timeout_
     thread.start()
     thread.join(timeout_s)
     if not box:
-        return Reply(f"\n[environment error: no reply within {timeout_s:g}s]", done=True)
+        return Reply(f"\n[environment error: no reply within {timeout_s:g}s]", done=True, error=True)
     out = box[0]
     if isinstance(out, BaseException):
-        return Reply(f"\n[environment error: {type(out).__name__}: {str(out)[:120]}]", done=True)
+        return Reply(f"\n[environment error: {type(out).__name__}: {str(out)[:120]}]", done=True, error=True)
     return out
 
 
@@ -104,10 +104,10 @@ def _advance(e: _Episode, out: SampledCompletion, env: EpisodeEnv, tokenizer: An
         return False
     reply = safe_reply(env, e.spec, trace.turn_texts, reply_timeout_s)
     obs = encode_observation(tokenizer, reply.observation)[:limits.max_observation_tokens]
-    if reply.done and not reply.observation.startswith("\n[environment error"):
+    if reply.done and not reply.error:
         trace.finish_reason = "stop"
         return False
-    if reply.done or not obs:   # an error ends the episode with its text; an empty reply ends it silently
+    if reply.error or not obs:   # an error ends the episode with its text; an empty reply ends it silently
         if obs and len(trace.token_ids_T) + len(obs) <= limits.max_tokens:
             trace.add_env(obs, reply.observation)
         trace.finish_reason = "stop"

@@ -46,12 +46,16 @@ class EpisodeSpec(BaseModel):
 class Reply:
     """The environment's answer to the model's turns so far.
 
-    observation: text appended after the model's last turn ("" when the episode ends silently).
+    observation: text appended after the model's last turn (ignored when the episode ends,
+        unless `error` is set: the error's text then closes the trace).
     done: the episode is over (solved, failed, or the environment gave up).
+    error: set (done) when the environment's code raised or overran: the player ends the
+        episode with `observation` (the error) as its last environment tokens.
     """
 
     observation: str
     done: bool
+    error: bool = False
 
 
 class EpisodeEnv(Environment):
