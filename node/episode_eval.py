@@ -73,7 +73,7 @@ def render_episode(console: Console, tokenizer: Any, trace: Trace) -> None:
     env_tokens = sum(1 for m in trace.mask_T if m == ENV)
     console.print(f"{trace.turns} model turns, {len(trace.mask_T) - env_tokens} model tokens (trained), "
                   f"{env_tokens} environment tokens ⟦masked⟧, finish {trace.finish_reason}; "
-                  f"mask {''.join(str(m) for m in trace.mask_T)}", markup=False, highlight=False)
+                  f"mask {''.join(str(m) for m in trace.mask_T)}", markup=False, highlight=False, soft_wrap=True)
 
 
 def check_episode(console: Console, tokenizer: Any, env: EpisodeEnv, prompt: PromptSpec, prompt_ids: list[int],
@@ -82,8 +82,10 @@ def check_episode(console: Console, tokenizer: Any, env: EpisodeEnv, prompt: Pro
     traces = play_episodes(lambda c, s: [], tokenizer, env, [prompt], [prompt_ids], n=1,
                            sampling=Sampling(n=1, max_new_tokens=1), limits=limits, script=scripted(tokenizer, env))
     rewards = episode_rewards(env, [prompt], traces, tokenizer)[0]
-    console.rule(f"episode of prompt {prompt.index} (scripted player): reward {env.total(rewards)} "
-                 f"= {[r for r in rewards]} x {list(env.reward_weights)}; solved {env.solved(prompt.info, traces[0][0].turn_texts)}")
+    console.rule(f"episode of prompt {prompt.index} (scripted player)")
+    console.print(f"reward {env.total(rewards)} = {list(rewards)} x {list(env.reward_weights)}; "
+                  f"solved {env.solved(prompt.info, traces[0][0].turn_texts)}", markup=False, highlight=False,
+                  soft_wrap=True)
     render_episode(console, tokenizer, traces[0][0])
 
 

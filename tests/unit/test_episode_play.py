@@ -239,3 +239,16 @@ def test_shared_first_observation_prefill_scores_episodes_as_full_prefills(
         model_T = torch.tensor([m == 1 for m in c.token_mask])
         got = shared_BT[i, :len(c.token_ids)][model_T]
         assert torch.allclose(got, torch.tensor(list(c.logprobs))[model_T], atol=1e-4)
+
+
+@pytest.mark.parametrize("job", ["wordle_tiny.toml", "calculator_tiny.toml"])
+def test_env_check_renders_one_full_episode_with_masked_tokens(job: str, model_cache, capsys) -> None:
+    from pathlib import Path
+
+    from swarmrl.node.env_cli import env_check
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "jobs" / job
+    assert env_check(path, "tiny", model_cache) == 0
+    out = capsys.readouterr().out
+    assert "episode of prompt 0 (scripted player)" in out and "; solved True" in out
+    assert "environment tokens ⟦masked⟧" in out and "mask 1" in out and "0" in out.split("mask ")[-1]
