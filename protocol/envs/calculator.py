@@ -211,6 +211,11 @@ class CalculatorEnv(EpisodeEnv):
         return f". Answer: {spec.info['answer']}\n"
 
     @staticmethod
+    def tool_calls(turns: Sequence[str]) -> int:
+        """Calculator calls in an episode's turns (`swarmrl eval`'s tool-call rate)."""
+        return tool_calls(turns)
+
+    @staticmethod
     def solved(info: dict[str, Any], turns: Sequence[str]) -> bool:
         """Whether the final answer is right (for `swarmrl eval`)."""
         return parse_answer(_final(turns)) == int(info["answer"])

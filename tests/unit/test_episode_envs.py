@@ -85,6 +85,7 @@ def test_calculator_replies_and_grades() -> None:
     assert calc.format_reward(prompts=["q"] * 3, completions=[""] * 3, turns=[["so 4"], ["none"], []]) == [0.5, 0.0, 0.0]
     assert calc.shortest_correct_reward(**cols) == [1.0, 0.0, 0.0]
     assert calc.tool_calls(good) == 1 and calc.tool_calls(bad) == 0
+    assert env.tool_calls(good) == 1   # what swarmrl eval's tool-call rate reads
     assert calc.parse_answer("so 42") == 42 and calc.parse_answer("nothing") is None
 
 
