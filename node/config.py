@@ -193,7 +193,7 @@ class WorkerConfig(_Config):
     base_models: list[str] = []
     # installed environments (entry points, `swarmrl env list`) this worker runs; data-set jobs
     # need none (they run only built-in rewards)
-    environments: list[str] = ["arithmetic"]
+    environments: list[str] = ["arithmetic", "calculator", "wordle"]   # swarmrl's built-ins
     backend: Literal["hf", "vllm"] = "hf"   # "hf" (transformers + peft) or "vllm" (node/inference/vllm.py)
     vllm_url: str | None = None          # backend "vllm": an operator's running vLLM server; None = start one
     threads: int = Field(1, ge=1)

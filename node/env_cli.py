@@ -36,6 +36,8 @@ def env_check(job: Path, model: str | None, cache_dir: Path | None, n: int = 3) 
     from swarmrl.node.tasks import load_job_file, load_tokenizer, reference_grades, token_summary
     from swarmrl.protocol.envs import job_environment
     from swarmrl.protocol.envs.dataset import DatasetEnv
+    from swarmrl.protocol.envs.episode import EpisodeEnv
+    from swarmrl.protocol.episode_limits import episode_limits
 
     t0 = time.monotonic()
     loaded = load_job_file(job, cache_dir, base_model=model)
@@ -60,6 +62,12 @@ def env_check(job: Path, model: str | None, cache_dir: Path | None, n: int = 3) 
         console.rule(f"prompt {p.index}: {len(ids)} tokens; reference answer {p.info.get('answer')!r} "
                      f"grades {grade if grade is None else round(grade, 4)}")
         console.print(tok.decode(ids), markup=False, highlight=False)
+    if isinstance(env, EpisodeEnv):   # multi-turn: one whole episode, environment tokens marked
+        from swarmrl.node.episode_eval import check_episode
+
+        limits = episode_limits(spec, env)
+        assert limits is not None
+        check_episode(console, tok, env, prompts[0], render_prompt(tok, prompts[0], spec.chat_template), limits)
     console.rule()
     console.print(f"prompt tokens min / mean / max over {len(report.prompt_tokens)} rendered prompts: "
                   f"{token_summary(report.prompt_tokens)} (max_prompt_tokens {spec.max_prompt_tokens}); "

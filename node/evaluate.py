@@ -22,6 +22,7 @@ from swarmrl.node.models import find_base_model, is_builtin_model, resolve_model
 from swarmrl.protocol.envs import get_environment, heldout_prompts, job_environment
 from swarmrl.protocol.envs.base import Environment, PromptSpec
 from swarmrl.protocol.envs.dataset import DatasetEnv
+from swarmrl.protocol.envs.episode import EpisodeEnv
 
 EVAL_ADAPTER = "heldout-eval"
 BATCH = 16
@@ -82,6 +83,10 @@ def run_eval(adapter_dir: Path, *, model: str | None = None, n: int = 200, cache
     else:
         env, seed = get_environment("arithmetic", "1"), seed or 0
     prompts = heldout_prompts(env, n, seed)
+    if isinstance(env, EpisodeEnv):   # multi-turn: solve rate, mean turns, tool calls (node/episode_eval.py)
+        from swarmrl.node.episode_eval import run_episode_eval
+
+        return run_episode_eval(backend, env, spec, prompts, adapter_dir, EVAL_ADAPTER, name)
     base = evaluate(backend, env, prompts, None, max_new_tokens, stop, chat)
     tuned = evaluate(backend, env, prompts, EVAL_ADAPTER, max_new_tokens, stop, chat)
     table = Table(title=f"held-out {title}, greedy, n={n} ({name})")

@@ -11,6 +11,7 @@ import math
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 
+from swarmrl.protocol.envs.trace import check_trace
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 # Batch-level reasons (the whole batch is refused).
@@ -54,6 +55,9 @@ class AdmissionLimits:
     reward_range: tuple[float, float]
     num_reward_funcs: int
     max_async_level: int
+    max_turns: int = 0
+    """Multi-turn jobs: the episode's turn limit (`max_new_tokens` is then its token limit);
+    0 for single-turn jobs, whose completions carry no trace mask."""
 
 
 def check_batch_envelope(
@@ -116,6 +120,9 @@ def check_completion(c: pb.Completion, lease: pb.Lease, current_version: int, li
         return TOO_LONG
     if len(c.logprobs) != n:
         return LENGTH_MISMATCH
+    reason = check_trace(c.token_ids, c.token_mask, c.logprobs, c.turns, max_turns=lim.max_turns)
+    if reason:
+        return reason
     if max(c.token_ids) >= lim.vocab_size:   # builtins loop in C: admission runs on every token
         return TOKEN_OUT_OF_VOCAB
     # A finite sum means every term is finite (a NaN or an infinity makes it non-finite); only

@@ -13,6 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from swarmrl.protocol.envs.dataset import DatasetTask
+from swarmrl.protocol.envs.episode import EpisodeSpec
 from swarmrl.protocol.grpo.config import LossConfig
 
 
@@ -73,6 +74,7 @@ class JobSpec(_Frozen):
     sampling: SamplingSpec = SamplingSpec()
     loss: LossConfig = LossConfig()
     validation_rate: float = Field(0.25, ge=0.0, le=1.0, description="share of batches validators check")
+    episode: EpisodeSpec | None = Field(None, description="multi-turn limits (None: the environment's defaults)")
 
     @model_validator(mode="after")
     def _check(self) -> JobSpec:

@@ -23,15 +23,19 @@ LOGPROB = "logprob"          # sampled tokens' log-probs recomputed under the cl
 PLAUSIBILITY = "plausibility"  # tokens implausible under the model at the job's temperature
 FRESHNESS = "freshness"      # claimed version did not exist when the lease was issued
 DUPLICATE = "duplicate"      # the same completion submitted before (by anyone)
+EPISODE = "episode"          # an episode's environment replies differ from a replay of its model turns
 ALL = "all"                  # every check passed
 
-BANNING_CHECKS = frozenset({STRUCTURE, REGRADE, LOGPROB, PLAUSIBILITY, FRESHNESS, DUPLICATE})
+BANNING_CHECKS = frozenset({STRUCTURE, REGRADE, LOGPROB, PLAUSIBILITY, FRESHNESS, DUPLICATE, EPISODE})
 
 # Admission reasons (swarmrl.protocol.admission) a peer's own signature makes attributable to it.
 ATTRIBUTABLE_REJECTIONS = frozenset({
     "signer_mismatch", "lease_peer_mismatch", "not_in_lease", "group_size", "prompt_mismatch",
     "token_out_of_vocab", "empty_completion", "length_mismatch", "non_finite", "logprob_range",
     "reward_range", "bad_finish_reason", "below_lease_version",
+    # episode traces (protocol/envs/trace.py: TRACE_REASONS)
+    "mask_length", "mask_value", "trace_start", "turn_count", "too_many_turns", "env_logprob",
+    "unexpected_trace", "missing_trace",
 })
 BAD_SIGNATURE_ON_OWN_LEASE = "bad_signature_on_own_lease"   # a forged envelope naming the peer's private lease
 STRIKES_TO_BAN = 3

@@ -23,23 +23,27 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from swarmrl.node.causal_lm import render_prompt
+from swarmrl.node.episode_play import grade_rows
 from swarmrl.node.grading import GradingError, GradingPool
 from swarmrl.node.inference.base import InferenceBackend
 from swarmrl.node.tasks import grader_for
-from swarmrl.protocol import admission as adm
 from swarmrl.protocol import signing
 from swarmrl.protocol.envs import job_environment
 from swarmrl.protocol.envs.base import Environment, Grade
+from swarmrl.protocol.envs.episode import EpisodeEnv
+from swarmrl.protocol.episode_limits import episode_limits, job_limits
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.updates import VersionNotKept
 from swarmrl.protocol.verdicts import ALL, FRESHNESS, LOGPROB, REGRADE
 from swarmrl.validator import checks as ck
 from swarmrl.validator.adapters import AdapterSource, VersionUnavailable
+from swarmrl.validator.episodes import check_replay, model_only, model_stats
 from swarmrl.validator.metrics import CheckStats
 from swarmrl.validator.plausibility import DEFAULT_ALPHA, completion_plausibility, log_threshold
 from swarmrl.validator.reputation import Reputation
@@ -187,11 +191,7 @@ class Validator:
         head_version: int, rate: float, now: int,
     ) -> list[_GroupWork]:
         env = self.env_of(spec)
-        limits = adm.AdmissionLimits(
-            group_size=spec.group_size, vocab_size=self.vocab_size, max_prompt_tokens=spec.max_prompt_tokens,
-            max_new_tokens=spec.sampling.max_new_tokens, reward_range=env.reward_range,
-            num_reward_funcs=len(env.reward_funcs), max_async_level=spec.max_async_level,
-        )
+        limits = job_limits(spec, env, self.vocab_size)
         lease, indices = admitted.lease, list(admitted.admitted_prompt_indices)
         works = []
         for g in opened.batch.groups:
@@ -202,11 +202,18 @@ class Validator:
             expected = self._expected_prompt(spec, job_id, g.prompt_index) if g.prompt_index in lease.prompt_indices else None
             work.results.append(ck.check_group_structure(g, lease, admitted_indices=indices,
                                                          expected_prompt_ids=expected, limits=limits))
+            if not work.failed and isinstance(env, EpisodeEnv):
+                work.results.append(self._replay(spec, env, g))
             if not work.failed:
                 work.results.append(ck.check_freshness(g, lease, head_version))
             if not work.failed:
                 work.results.append(ck.check_duplicate(opened.batch_id, self._first_seen(g, opened, job_id, admitted.seq, now)))
         return works
+
+    def _replay(self, spec: JobSpec, env: EpisodeEnv, g: pb.Group) -> ck.CheckResult:
+        limits = episode_limits(spec, env)
+        assert limits is not None
+        return check_replay(env, env.prompt(spec.seed, g.prompt_index), self.backend.tokenizer, g, limits)
 
     def _expected_prompt(self, spec: JobSpec, job_id: str, index: int) -> list[int]:
         key = (job_id, index)
@@ -242,13 +249,15 @@ class Validator:
         if not works:
             return
         env = self.env_of(spec)
-        prompts, texts, infos = [], [], []
-        for w in works:
+        prompts: list[str] = []
+        texts: list[str] = []
+        infos: list[dict[str, Any]] = []
+        for w in works:   # whole groups, so group-level rewards see the worker's rows again
             p = env.prompt(spec.seed, w.group.prompt_index)
-            for c in w.group.completions:
-                prompts.append(p.text)
-                texts.append(self.backend.tokenizer.decode(list(c.token_ids), skip_special_tokens=True))
-                infos.append(p.info)
+            group_texts, group_infos = grade_rows(self.backend.tokenizer, env, p, w.group)
+            prompts += [p.text] * len(group_texts)
+            texts += group_texts
+            infos += group_infos
         try:
             grades: Sequence[Grade] = self._grader(spec).grade(prompts, texts, infos)
         except GradingError as exc:
@@ -276,15 +285,17 @@ class Validator:
             except ValueError as exc:  # ad.AdapterError, or a state that doesn't fit the job's LoRA shape
                 w.results.append(ck.undecided(LOGPROB, f"adapter unavailable: {exc}"))
                 continue
-            claimed = [list(c.logprobs) for c in w.group.completions]
-            w.results.append(ck.check_logprobs(claimed, [r.logprobs_T.tolist() for r in recomputed], self.logprob_tolerance))
+            masks = [list(c.token_mask) for c in w.group.completions]   # model tokens only (episodes)
+            claimed = [model_only(c.logprobs, m) for c, m in zip(w.group.completions, masks, strict=True)]
+            again = [model_only(r.logprobs_T.tolist(), m) for r, m in zip(recomputed, masks, strict=True)]
+            w.results.append(ck.check_logprobs(claimed, again, self.logprob_tolerance))
             if w.failed:
                 continue
             low_test = spec.sampling.top_p >= 1.0
-            scores = [
-                completion_plausibility(r.logprobs_T, torch.tensor(list(c.token_ids)), r.stats, low_test=low_test)
-                for r, c in zip(recomputed, w.group.completions, strict=True)
-            ]
+            scores = []
+            for r, c, lp, m in zip(recomputed, w.group.completions, again, masks, strict=True):
+                stats, ids = model_stats(r.stats, list(c.token_ids), m)
+                scores.append(completion_plausibility(torch.tensor(lp), ids, stats, low_test=low_test))
             w.results.append(ck.check_plausibility(scores, self.log_threshold))
 
     def _rescore_group(self, spec: JobSpec, job_id: str, adapters: AdapterSource, g: pb.Group) -> list[Rescored]:

@@ -30,9 +30,9 @@ from swarmrl.node.trainer.learner import Learner
 from swarmrl.node.trainer.ledger import Ledger, PendingGroup
 from swarmrl.node.trainer.status import job_status
 from swarmrl.protocol import adapter as ad
-from swarmrl.protocol import admission as adm
 from swarmrl.protocol import delta_codec as dc
 from swarmrl.protocol.envs import job_environment
+from swarmrl.protocol.episode_limits import completion_budget, job_limits
 from swarmrl.protocol.grpo.reduce import GradientReducer, LocalReduce
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
@@ -70,7 +70,7 @@ class JobRuntime:
         self.dir = state_dir / "jobs" / job_id
         self.dataset = dataset
         self.env = job_environment(spec, dataset)
-        self.learner = Learner(model_path, spec, device=device)
+        self.learner = Learner(model_path, spec, device=device, token_budget=completion_budget(spec, self.env))
         self.store = AdapterStore(self.dir / "adapters", job_id, identity, codec=spec.delta_codec)
         self._prompt_ids: dict[int, list[int]] = {}
         self.lock = threading.RLock()
@@ -82,12 +82,7 @@ class JobRuntime:
         self.published_at = 0.0
         self.batches_without_signal = 0   # consumed batches that changed nothing, since the last version
         self._resume()
-        limits = adm.AdmissionLimits(
-            group_size=spec.group_size, vocab_size=vocab_size(self.learner.model),
-            max_prompt_tokens=spec.max_prompt_tokens, max_new_tokens=spec.sampling.max_new_tokens,
-            reward_range=self.env.reward_range, num_reward_funcs=len(self.env.reward_funcs),
-            max_async_level=spec.max_async_level,
-        )
+        limits = job_limits(spec, self.env, vocab_size(self.learner.model))
         self.admission = Admission(job_id, spec, ledger, limits=limits, prompt_ids=self.prompt_ids_of,
                                    version=lambda: self.version, done=lambda: self.done,
                                    prompt_shard=prompt_shard, clock=clock)

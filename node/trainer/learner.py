@@ -27,6 +27,7 @@ from swarmrl.node.inference.scoring import completion_logprobs, shared_prompt_lo
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol.grpo import group_advantages, logprob_drift, policy_loss, staleness_histogram
 from swarmrl.protocol.grpo.reduce import GradientReducer, LocalReduce
+from swarmrl.protocol.grpo.traces import model_mask_T
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
@@ -74,7 +75,7 @@ def build_step_batch(groups: list[pb.Group], spec: JobSpec, current_version: int
             out.prompt_ids.append(list(g.prompt_token_ids))
             out.completion_ids.append(list(c.token_ids))
             olds.append(list(c.logprobs))
-            masks.append([keep] * len(c.token_ids))
+            masks.append(model_mask_T(c.token_mask, len(c.token_ids), keep))   # model tokens only
             advs.append(adv)
     b, t = len(olds), max((len(o) for o in olds), default=0)
     out.old_logprobs_BT = torch.zeros(b, t, dtype=torch.float32)
@@ -99,13 +100,17 @@ class Learner:
     (tests/unit/test_learner_dropout.py). `lora.dropout` is kept in the exported adapter config.
     """
 
-    def __init__(self, model_path: Path, spec: JobSpec, *, share_prompts: bool = True, device: str = "cpu") -> None:
+    def __init__(self, model_path: Path, spec: JobSpec, *, share_prompts: bool = True, device: str = "cpu",
+                 token_budget: int | None = None) -> None:
         """share_prompts: score a group's completions over one prefill of its prompt
         (`scoring.shared_prompt_logprobs`, the same log-probs and gradients for ~G x fewer prompt
         positions); False prefills every prompt + completion (the baseline, for benchmarks).
         device: where the model and the step run (`node.inference.device.resolve_device`); the
-        adapter state it hands out is always on the CPU."""
+        adapter state it hands out is always on the CPU.
+        token_budget: tokens a completion may hold (dr_grpo's constant; a multi-turn job's episode
+        `max_tokens`); default `sampling.max_new_tokens`."""
         self.spec = spec
+        self.token_budget = token_budget or spec.sampling.max_new_tokens
         self._logprobs = shared_prompt_logprobs if share_prompts else completion_logprobs
         base, self.tokenizer = load_on_device(model_path, device)
         torch.manual_seed(spec.seed)
@@ -163,7 +168,7 @@ class Learner:
                 ref_BT, _ = self.completion_logprobs(batch)
         loss, metrics = policy_loss(
             logprobs_BT, old_BT, advantages_B, mask_BT, self.spec.loss,
-            max_new_tokens=self.spec.sampling.max_new_tokens, ref_logprobs_BT=ref_BT,
+            max_new_tokens=self.token_budget, ref_logprobs_BT=ref_BT,
         )
         loss.backward()
         metrics.update(logprob_drift(logprobs_BT.detach(), old_BT, mask_BT))

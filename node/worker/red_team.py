@@ -18,6 +18,7 @@ drills only) runs the same round with one step replaced or one message doctored:
 | prompt_swap | answers an easier prompt (single-digit addition) instead of the lease's | admission prompt_mismatch (signed: attributable) |
 | copycat | relabels other peers' admitted completions (read from the open SampleAdmitted RPC) onto its own lease | validator logprob / regrade (duplicate when the very completion comes again) |
 | nan_logprobs | one log-prob per completion is NaN | admission non_finite (signed: attributable) |
+| forged_env_reply | multi-turn jobs: every environment reply of its episodes rewritten (wordle feedback "GGGGG", an easy game); single-turn jobs: the last token claimed as an environment reply | validator episode (the replay of the model's turns answers otherwise); single-turn: admission unexpected_trace (signed: attributable) |
 
 The doctoring steps are pure functions (unit-tested with small inputs in tests/unit/test_red_team.py);
 `RedTeam.work_once` strings them into a round and counts what it submitted.
@@ -37,15 +38,18 @@ from typing import Any
 import torch
 
 from swarmrl.node.causal_lm import encode_prompt
+from swarmrl.node.episode_play import encode_observation
 from swarmrl.node.inference.base import Sampling
 from swarmrl.node.worker.session import JobSession, RoundResult
 from swarmrl.protocol.envs import Environment, PromptSpec
 from swarmrl.protocol.envs.arithmetic import apply_op, format_prompt
+from swarmrl.protocol.envs.trace import ENV, MODEL, spans
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.red_team_modes import (
     BASE_MODEL_ONLY,
     COPYCAT,
     FABRICATED_LOGPROBS,
+    FORGED_ENV_REPLY,
     FORGED_SIGNATURE,
     INFLATED_REWARD,
     MODES,
@@ -107,6 +111,37 @@ def poison_logprobs(groups: Sequence[pb.Group]) -> None:
         for c in g.completions:
             if len(c.logprobs):
                 c.logprobs[0] = math.nan
+
+
+FORGED_REPLY = "GGGGG\nGuess:"   # what forged_env_reply writes in place of every environment reply
+
+
+def forge_env_replies(groups: Sequence[pb.Group], reply_ids: Sequence[int]) -> int:
+    """Replace every environment reply of every episode by `reply_ids` (in place; the model's
+    tokens and log-probs are kept, the mask follows the new lengths). A single-turn completion
+    instead claims its last token as the environment's. Returns the replies forged."""
+    forged = 0
+    for g in groups:
+        for c in g.completions:
+            if not c.token_mask:
+                c.token_mask[:] = [MODEL] * (len(c.token_ids) - 1) + [ENV]
+                c.logprobs[-1] = 0.0
+                c.turns = 1
+                forged += 1
+                continue
+            ids, lps, mask = [], [], []
+            for m, lo, hi in spans(list(c.token_mask)):
+                if m == MODEL:
+                    ids += c.token_ids[lo:hi]
+                    lps += c.logprobs[lo:hi]
+                    mask += [MODEL] * (hi - lo)
+                else:
+                    ids += reply_ids
+                    lps += [0.0] * len(reply_ids)
+                    mask += [ENV] * len(reply_ids)
+                    forged += 1
+            c.token_ids[:], c.logprobs[:], c.token_mask[:] = ids, lps, mask
+    return forged
 
 
 def claim_version(groups: Sequence[pb.Group], version: int) -> None:
@@ -365,7 +400,8 @@ class RedTeam:
     # ---- doctor the graded groups
     def doctor_groups(self, session: JobSession, groups: list[pb.Group]) -> None:
         """Alter graded groups in place for the modes that lie about numbers: inflated_reward
-        (every reward set to the environment's maximum), fabricated_logprobs, nan_logprobs.
+        (every reward set to the environment's maximum), fabricated_logprobs, nan_logprobs,
+        forged_env_reply (the grades stay those of the honest episodes).
         """
         if self.mode == INFLATED_REWARD:
             inflate_rewards(groups, float(session.env.reward_range[1]))
@@ -373,6 +409,8 @@ class RedTeam:
             fabricate_logprobs(groups)
         elif self.mode == NAN_LOGPROBS:
             poison_logprobs(groups)
+        elif self.mode == FORGED_ENV_REPLY:
+            forge_env_replies(groups, encode_observation(session.backend.tokenizer, FORGED_REPLY))
 
     # ---- submit and count
     def _submit(self, session: JobSession, lease: pb.Lease, envelope: pb.Signed, n_groups: int) -> RoundResult:

@@ -13,11 +13,13 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import hivemind
 
 from swarmrl.node import tls
 from swarmrl.node.causal_lm import render_prompt
+from swarmrl.node.episode_play import grade_rows
 from swarmrl.node.grpc_guard import peer_metadata
 from swarmrl.node.grpc_options import channel_options
 from swarmrl.node.grpc_retry import call_with_backoff
@@ -28,9 +30,11 @@ from swarmrl.node.swarm.datasets import DatasetFetchStats, DatasetStore, fetch_d
 from swarmrl.node.swarm.gossip import GossipNode
 from swarmrl.node.tasks import grader_for
 from swarmrl.node.worker.engine import with_recovery
+from swarmrl.node.worker.episodes import episode_groups
 from swarmrl.node.worker.stats import SessionStats
 from swarmrl.protocol import delta_sources, signing
 from swarmrl.protocol.envs import PromptSpec, job_environment
+from swarmrl.protocol.envs.episode import EpisodeEnv
 from swarmrl.protocol.identity import Identity, peer_id_from_public_key
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -180,6 +184,13 @@ class JobSession:
         Engine faults are retried after the backend recovers (`engine.with_recovery`); raises
         EngineFailed when they persist.
         """
+        if isinstance(self.env, EpisodeEnv):   # multi-turn: G episodes per prompt
+            t0 = time.monotonic()
+            groups = episode_groups(self.backend, self.spec, self.env, prompts, lease, adapter=self.job_id,
+                                    policy_version=self.loaded_version)
+            self.stats.generated(sum(len(g.completions) for g in groups),
+                                 sum(sum(c.token_mask) for g in groups for c in g.completions), time.monotonic() - t0)
+            return groups
         s = lease.sampling
         sampling = Sampling(n=s.n, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
                             stop=tuple(s.stop), seed=int.from_bytes(os.urandom(4), "little"))
@@ -203,14 +214,16 @@ class JobSession:
 
     def grade(self, prompts: list[PromptSpec], groups: list[pb.Group]) -> None:
         """Reward every completion (in the grading subprocess pool); failures are recorded."""
-        tok = self.backend.tokenizer
-        texts, prompt_texts, infos, targets = [], [], [], []
+        texts: list[str] = []
+        prompt_texts: list[str] = []
+        infos: list[dict[str, Any]] = []
+        targets: list[pb.Completion] = []
         for p, g in zip(prompts, groups):
-            for c in g.completions:
-                texts.append(tok.decode(list(c.token_ids), skip_special_tokens=True))
-                prompt_texts.append(p.text)
-                infos.append(p.info)
-                targets.append(c)
+            group_texts, group_infos = grade_rows(self.backend.tokenizer, self.env, p, g)
+            texts += group_texts
+            infos += group_infos
+            prompt_texts += [p.text] * len(group_texts)
+            targets += list(g.completions)
         for c, grade in zip(targets, self.grader.grade(prompt_texts, texts, infos)):
             c.rewards.extend(math.nan if r is None else float(r) for r in grade.rewards)
             c.reward = math.nan if grade.reward is None else float(grade.reward)

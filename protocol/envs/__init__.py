@@ -24,10 +24,14 @@ from swarmrl.protocol.envs.base import (
     reward_kwargs,
     total_reward,
 )
+from swarmrl.protocol.envs.calculator import CalculatorEnv
+from swarmrl.protocol.envs.wordle import WordleEnv
 
 # name -> version -> environment class
 ENVIRONMENTS: dict[str, dict[str, type[Environment]]] = {
     ArithmeticEnv.name: {ArithmeticEnv.version: ArithmeticEnv},
+    CalculatorEnv.name: {CalculatorEnv.version: CalculatorEnv},
+    WordleEnv.name: {WordleEnv.version: WordleEnv},
 }
 
 __all__ = [

@@ -52,7 +52,8 @@ class Environment(ABC):
         reward_range: (low, high) bounds of the weighted total.
         regrade_tolerance: the largest |claimed - recomputed| total a validator accepts.
         stop: stop strings for sampling (the completion ends at the first one, which it keeps).
-        max_new_tokens: the recommended generation budget.
+        max_new_tokens: the recommended generation budget (per turn for multi-turn environments).
+        group_rewards: some reward function scores a group's rows together.
     """
 
     name: str
@@ -63,6 +64,9 @@ class Environment(ABC):
     regrade_tolerance: float
     stop: tuple[str, ...]
     max_new_tokens: int
+    group_rewards: bool = False
+    """True when a reward function compares the rows of a group (`protocol.envs.group_rewards`):
+    graders then pass a `group` column (the prompt index of each row)."""
 
     @abstractmethod
     def prompt(self, seed: int, index: int) -> PromptSpec:

@@ -1,4 +1,5 @@
-"""Run an environment written for `verifiers` (single-turn) as a swarmrl `Environment`.
+"""Run an environment written for `verifiers` as a swarmrl `Environment` (multi-turn ones, with
+`env_response`, as an `EpisodeEnv`: `verifiers_multiturn.py`).
 
 Written against verifiers' documented interface, duck-typed (the `verifiers` package is not
 installed here: a dry run showed it would install ~45 packages into the shared environment,
@@ -114,4 +115,9 @@ def adapt_verifiers(module: Any, **kwargs: Any) -> VerifiersEnv:
     if load is None:
         raise ValueError(f"{getattr(module, '__name__', module)!r} is neither an Environment nor has load_environment()")
     name = str(getattr(module, "__name__", "verifiers")).rsplit(".", 1)[-1]
-    return VerifiersEnv(load(**kwargs), name, str(getattr(module, "__version__", "0")))
+    vf_env, version = load(**kwargs), str(getattr(module, "__version__", "0"))
+    from swarmrl.protocol.envs.verifiers_multiturn import VerifiersEpisodeEnv, is_multiturn
+
+    if is_multiturn(vf_env):   # MultiTurnEnv-shaped: plays episodes
+        return VerifiersEpisodeEnv(vf_env, name, version)
+    return VerifiersEnv(vf_env, name, version)

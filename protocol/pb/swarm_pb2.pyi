@@ -353,6 +353,8 @@ class Completion(_message.Message):
     REWARDS_FIELD_NUMBER: _builtins.int
     REWARD_FIELD_NUMBER: _builtins.int
     GRADE_ERROR_FIELD_NUMBER: _builtins.int
+    TOKEN_MASK_FIELD_NUMBER: _builtins.int
+    TURNS_FIELD_NUMBER: _builtins.int
     finish_reason: _builtins.str
     """"stop" (EOS or stop string) or "length" """
     policy_version: _builtins.int
@@ -361,6 +363,8 @@ class Completion(_message.Message):
     """weighted total; NaN when grading failed"""
     grade_error: _builtins.str
     """why grading failed; empty otherwise"""
+    turns: _builtins.int
+    """model turns of the episode; 0 = single-turn"""
     @_builtins.property
     def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """sampled token ids, as generated (never re-tokenized)"""
@@ -373,6 +377,13 @@ class Completion(_message.Message):
     def rewards(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
         """one per reward function of the environment; NaN = failed"""
 
+    @_builtins.property
+    def token_mask(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Multi-turn episodes (protocol/envs/trace.py): token_ids then hold the whole episode after the
+        first observation (the group's prompt), model turns and environment replies interleaved.
+        per token: 1 = sampled by the model, 0 = written by the environment; empty = single-turn
+        """
+
     def __init__(
         self,
         *,
@@ -383,10 +394,12 @@ class Completion(_message.Message):
         rewards: _abc.Iterable[_builtins.float] | None = ...,
         reward: _builtins.float = ...,
         grade_error: _builtins.str = ...,
+        token_mask: _abc.Iterable[_builtins.int] | None = ...,
+        turns: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "grade_error", b"grade_error", "logprobs", b"logprobs", "policy_version", b"policy_version", "reward", b"reward", "rewards", b"rewards", "token_ids", b"token_ids"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "grade_error", b"grade_error", "logprobs", b"logprobs", "policy_version", b"policy_version", "reward", b"reward", "rewards", b"rewards", "token_ids", b"token_ids", "token_mask", b"token_mask", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

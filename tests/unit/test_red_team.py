@@ -65,7 +65,7 @@ LEASE = pb.Lease(lease_id="L1", job_id="j", peer_id="p", prompt_indices=[3], pol
 
 def test_modes_are_checked() -> None:
     assert set(rt.MODES) == {"forged_signature", "replay", "inflated_reward", "fabricated_logprobs", "random_tokens",
-                             "base_model_only", "stale_version", "prompt_swap", "copycat", "nan_logprobs"}
+                             "base_model_only", "stale_version", "prompt_swap", "copycat", "nan_logprobs", "forged_env_reply"}
     with pytest.raises(ValueError, match="unknown red-team mode"):
         rt.check_mode("polite")
 
@@ -235,3 +235,15 @@ def test_red_team_summary_fields() -> None:
     assert row["rejected"] == {"non_finite": 6}
     row = out["red_team"]["replay"]
     assert row["detected"] and not row["banned"] and row["seconds_to_ban"] is None and row["rejected"] == {"replay": 2}
+
+
+def test_forged_env_reply_rewrites_every_environment_span_and_flags_single_turn() -> None:
+    episode = pb.Completion(token_ids=[5, 6, 7, 8, 9, 10], logprobs=[-0.5, -1.0, 0.0, 0.0, 0.0, -0.25],
+                            token_mask=[1, 1, 0, 0, 0, 1], turns=2)
+    single = pb.Completion(token_ids=[5, 6], logprobs=[-0.5, -1.0])
+    groups = [pb.Group(completions=[episode, single])]
+    assert rt.forge_env_replies(groups, [42, 43]) == 2
+    c, s = groups[0].completions
+    assert list(c.token_ids) == [5, 6, 42, 43, 10] and list(c.token_mask) == [1, 1, 0, 0, 1]
+    assert list(c.logprobs) == [-0.5, -1.0, 0.0, 0.0, -0.25]
+    assert list(s.token_mask) == [1, 0] and s.turns == 1 and list(s.logprobs) == [-0.5, 0.0]
