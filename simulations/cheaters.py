@@ -1,7 +1,9 @@
 """Cheaters: what each red-team mode does to a round and which rung of the product catches it.
 
 The modes and their catchers are those of the red-team drill (node/worker/red_team.py's table;
-the names are repeated here because simulations may not import node/). Admission-caught modes
+the names are repeated here because simulations may not import node/); the simulated job is single-turn,
+so forged_env_reply claims a completion's last token as the environment's, which admission refuses
+(unexpected_trace). Admission-caught modes
 are not given a probability: the simulator builds the doctored group as protobuf and runs the
 real checks (protocol/admission.py), then `verdicts.is_attributable` decides whether it strikes.
 Validator-caught modes fail a rung the validator runs on a sampled group (validator/sampling.py's
@@ -15,11 +17,13 @@ import math
 from dataclasses import dataclass
 
 from swarmrl.protocol import admission as adm
+from swarmrl.protocol.envs.trace import ENV, MODEL
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.red_team_modes import (
     BASE_MODEL_ONLY,
     COPYCAT,
     FABRICATED_LOGPROBS,
+    FORGED_ENV_REPLY,
     INFLATED_REWARD,
     NAN_LOGPROBS,
     PROMPT_SWAP,
@@ -62,6 +66,9 @@ def limits(max_async_level: int) -> adm.AdmissionLimits:
 
 def _completion(mode: str, version: int) -> pb.Completion:
     logprob = math.nan if mode == NAN_LOGPROBS else -0.5
+    if mode == FORGED_ENV_REPLY:   # the simulated job is single-turn: the last token claimed as the environment's
+        return pb.Completion(token_ids=[7, 8], logprobs=[-0.5, 0.0], token_mask=[MODEL, ENV], finish_reason="stop",
+                             policy_version=version, reward=1.0, rewards=[1.0])
     return pb.Completion(token_ids=[7, 8], logprobs=[-0.5, logprob], finish_reason="stop", policy_version=version,
                          reward=1.0, rewards=[1.0])
 
