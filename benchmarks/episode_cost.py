@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import torch
+from validator_cost import admitted_batch  # benchmarks/validator_cost.py (run as a script)
 
 from swarmrl.node.episode_play import grade_rows
 from swarmrl.node.grading import GradingPool
@@ -30,7 +31,6 @@ from swarmrl.node.inference import build_backend
 from swarmrl.node.jobs import builtin_job
 from swarmrl.node.models import prepare_base_model, resolve_model_name
 from swarmrl.node.worker.episodes import episode_groups
-from swarmrl.protocol import signing
 from swarmrl.protocol.envs import get_environment
 from swarmrl.protocol.envs.episode import EpisodeEnv
 from swarmrl.protocol.identity import Identity
@@ -47,15 +47,6 @@ JOBS = {   # the job settings of tests/fixtures/jobs/*_tiny.toml
     "calculator": {"sampling": {"max_new_tokens": 16, "stop": ["</calc>", "\n"]},
                    "episode": {"max_turns": 4, "max_tokens": 96, "max_observation_tokens": 16}},
 }
-
-
-def _admitted(me: Identity, groups: list[pb.Group], seq: int) -> pb.AdmittedBatch:
-    lease = pb.Lease(lease_id=f"lease-{seq}", job_id=JOB, peer_id=me.peer_id,
-                     prompt_indices=[g.prompt_index for g in groups], policy_version=1)
-    batch = pb.RolloutBatch(job_id=JOB, lease_id=lease.lease_id, peer_id=me.peer_id, groups=groups, created_ms=1,
-                            nonce=os.urandom(8))
-    return pb.AdmittedBatch(seq=seq, batch=signing.sign(me, signing.ROLLOUT_BATCH, batch), lease=lease,
-                            admitted_prompt_indices=[g.prompt_index for g in groups])
 
 
 def run_env(name: str, args: argparse.Namespace, backend, versions, model: str) -> dict:
@@ -86,7 +77,7 @@ def run_env(name: str, args: argparse.Namespace, backend, versions, model: str) 
                 c.rewards.extend(float("nan") if r is None else r for r in grade.rewards)
                 c.reward = float("nan") if grade.reward is None else grade.reward
         t1 = time.perf_counter()
-        verdicts = validator.validate_batch(_admitted(me, groups, seq), spec, job_id=JOB, head_version=1,
+        verdicts = validator.validate_batch(admitted_batch(me, groups, seq, JOB), spec, job_id=JOB, head_version=1,
                                             adapters=adapters)
         t2 = time.perf_counter()
         t_gen, t_val = t_gen + t1 - t0, t_val + t2 - t1

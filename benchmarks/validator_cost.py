@@ -74,10 +74,12 @@ def _versions(backend, spec, adapter: Path | None, b_std: float) -> dict[int, di
     return {0: v0, 1: v1}
 
 
-def _admitted(me: Identity, groups: list[pb.Group], seq: int) -> pb.AdmittedBatch:
-    lease = pb.Lease(lease_id=f"lease-{seq}", job_id=JOB, peer_id=me.peer_id,
+def admitted_batch(me: Identity, groups: list[pb.Group], seq: int, job: str = JOB) -> pb.AdmittedBatch:
+    """`groups` as the trainer's SampleAdmitted stream hands them to a validator: a signed batch
+    under a lease of `me` at policy version 1 (also used by benchmarks/episode_cost.py)."""
+    lease = pb.Lease(lease_id=f"lease-{seq}", job_id=job, peer_id=me.peer_id,
                      prompt_indices=[g.prompt_index for g in groups], policy_version=1)
-    batch = pb.RolloutBatch(job_id=JOB, lease_id=lease.lease_id, peer_id=me.peer_id, groups=groups, created_ms=1,
+    batch = pb.RolloutBatch(job_id=job, lease_id=lease.lease_id, peer_id=me.peer_id, groups=groups, created_ms=1,
                             nonce=os.urandom(8))
     return pb.AdmittedBatch(seq=seq, batch=signing.sign(me, signing.ROLLOUT_BATCH, batch), lease=lease,
                             admitted_prompt_indices=[g.prompt_index for g in groups])
@@ -150,7 +152,7 @@ def run(args: argparse.Namespace) -> dict:
                                         reward=math.nan if gr.reward is None else gr.reward, grade_error=gr.error))
             groups.append(pb.Group(prompt_index=p.index, prompt_token_ids=pid, completions=cs))
         t3 = time.perf_counter()
-        verdicts = validator.validate_batch(_admitted(me, groups, seq), spec, job_id=JOB, head_version=1,
+        verdicts = validator.validate_batch(admitted_batch(me, groups, seq), spec, job_id=JOB, head_version=1,
                                             adapters=adapters)
         t_val += time.perf_counter() - t3
         rollouts += len(flat)

@@ -185,12 +185,15 @@ class JobSession:
         EngineFailed when they persist.
         """
         if isinstance(self.env, EpisodeEnv):   # multi-turn: G episodes per prompt
+            env = self.env
             t0 = time.monotonic()
-            groups = episode_groups(self.backend, self.spec, self.env, prompts, lease, adapter=self.job_id,
-                                    policy_version=self.loaded_version)
+            groups = with_recovery(self.backend, lambda: episode_groups(self.backend, self.spec, env, prompts, lease,
+                                                                        adapter=self.job_id,
+                                                                        policy_version=self.loaded_version),
+                                   what=f"job {self.job_id[:12]} episodes", on_fault=self.stats.engine_fault)
             self.stats.generated(sum(len(g.completions) for g in groups),
                                  sum(sum(c.token_mask) for g in groups for c in g.completions), time.monotonic() - t0)
-            return groups
+            return self._finite(groups, lease)
         s = lease.sampling
         sampling = Sampling(n=s.n, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
                             stop=tuple(s.stop), seed=int.from_bytes(os.urandom(4), "little"))
@@ -201,6 +204,10 @@ class JobSession:
         self.stats.generated(sum(map(len, outs)), sum(len(c.token_ids) for cs in outs for c in cs), time.monotonic() - t0)
         groups = [pb.Group(prompt_index=p.index, prompt_token_ids=ids, completions=[self._completion(c) for c in comps])
                   for p, ids, comps in zip(prompts, prompt_ids, outs)]
+        return self._finite(groups, lease)
+
+    def _finite(self, groups: list[pb.Group], lease: pb.Lease) -> list[pb.Group]:
+        """The groups whose sampling log-probs are all finite; the rest are counted and dropped."""
         kept = [g for g in groups if all(math.isfinite(x) for c in g.completions for x in c.logprobs)]
         if len(kept) < len(groups):
             self.stats.groups_dropped["nonfinite_logprobs"] += len(groups) - len(kept)

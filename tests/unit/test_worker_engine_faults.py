@@ -77,6 +77,7 @@ def bare_session(backend: Any) -> JobSession:
     session.backend, session.stats, session.loaded_version = backend, SessionStats(), 3
     session.record = SimpleNamespace(job_id="job-1234567890ab", head_version=3)
     session.spec = SimpleNamespace(chat_template=False)
+    session.env = SimpleNamespace()   # a single-turn environment (not an EpisodeEnv)
     return session
 
 
@@ -114,3 +115,28 @@ def test_a_job_the_backend_cannot_score_is_a_configuration_error() -> None:
     spec = lambda p: SimpleNamespace(sampling=SimpleNamespace(temperature=1.0, top_p=p))
     assert worker._sampling_problem(rec, spec(0.9)) == f"configuration error: {problem}"  # type: ignore[arg-type]
     assert worker._sampling_problem(rec, spec(1.0)) == ""  # type: ignore[arg-type]
+
+
+def test_episode_groups_get_the_same_recovery_and_nonfinite_drop(monkeypatch) -> None:
+    """Multi-turn jobs go through the engine-fault retry (one 2 s backoff here) and the non-finite
+    drop as single-turn ones do."""
+    from swarmrl.protocol.envs import get_environment
+
+    calls = []
+
+    def episodes(backend, spec, env, prompts, lease, *, adapter, policy_version):
+        calls.append(1)
+        if len(calls) == 1:
+            raise BackendError("engine died")
+        return [pb.Group(prompt_index=p.index, completions=[pb.Completion(
+            token_ids=[5, 6], token_mask=[1, 1], logprobs=[-0.5, math.nan if p.index == 1 else -0.2])])
+            for p in prompts]
+
+    monkeypatch.setattr("swarmrl.node.worker.session.episode_groups", episodes)
+    backend = SimpleNamespace(recover=lambda: None)
+    session = bare_session(backend)
+    session.env = get_environment("wordle")
+    prompts = [PromptSpec(index=i, text=f"p{i}", info={}) for i in range(3)]
+    groups = session.generate(prompts, pb.Lease(lease_id="L", sampling=pb.SamplingParams(n=1)))
+    assert len(calls) == 2 and [g.prompt_index for g in groups] == [0, 2]
+    assert session.stats.groups_dropped == {"nonfinite_logprobs": 1}
