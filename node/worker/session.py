@@ -132,7 +132,8 @@ class JobSession:
         groups = self.generate(prompts, lease)
         if not groups:   # every group dropped (non-finite log-probs): nothing to sign
             return RoundResult(lease.lease_id, self.loaded_version, 0, 0, ["nonfinite_logprobs"])
-        prompts = [p for p in prompts if p.index in {g.prompt_index for g in groups}]
+        kept = {g.prompt_index for g in groups}
+        prompts = [p for p in prompts if p.index in kept]
         self.grade(prompts, groups)
         envelope = self.sign(lease, groups)
         return self.submit(lease, envelope, len(groups))
