@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from swarmrl.node.causal_lm import encode_prompt, load_causal_lm, lora_config
+from swarmrl.node.episode_play import play_episodes, trace_completion
 from swarmrl.node.inference import Sampling
 from swarmrl.node.inference.hf import HFBackend
 from swarmrl.node.inference.scoring import completion_logprobs
@@ -24,7 +25,11 @@ from swarmrl.node.inference.vllm_server import ServerSpec, VLLMServer, VLLMServe
 from swarmrl.node.inference.vllm_start import start_vllm_backend
 from swarmrl.node.inference.vllm_tiny import build_tiny_vllm_model
 from swarmrl.node.procs import alive, descendants
+from swarmrl.protocol.envs import get_environment
+from swarmrl.protocol.envs.episode import EpisodeSpec
+from swarmrl.protocol.envs.trace import model_positions
 from swarmrl.protocol.grpo.logprob_convention import ConventionError
+from swarmrl.validator.episodes import replay_episode
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.slow,
@@ -101,6 +106,32 @@ def rescored_gap(vllm: VLLMBackend, hf: HFBackend, adapter: str | None, sampling
 def test_logprobs_match_the_scorer(vllm, hf, states, adapter, temperature) -> None:
     gap = rescored_gap(vllm, hf, adapter, Sampling(n=4, max_new_tokens=12, temperature=temperature, seed=3))
     print(f"adapter={adapter} T={temperature}: worst |vLLM - scorer| log-prob gap {gap:.2e}")
+    assert gap < LOGPROB_TOL
+
+
+def test_multi_turn_episodes_on_vllm_are_token_exact(vllm, hf, states) -> None:
+    """Wordle episodes played on the vLLM server (the worker's `play_episodes`, one batched call
+    per turn): every environment reply replays exactly as the validator replays it, and the model
+    tokens' sampling log-probs match the transformers scorer over the whole trace (environment
+    tokens as context), so multi-turn jobs run on vLLM workers as on transformers ones."""
+    env = get_environment("wordle")
+    specs = env.prompts(0, range(2))
+    limits = EpisodeSpec(max_turns=3, max_tokens=60, max_observation_tokens=16)
+    prompt_ids = [encode_prompt(vllm.tokenizer, p.text) for p in specs]
+    turn = Sampling(n=1, max_new_tokens=8, temperature=1.0, stop=("\n",), seed=5)
+    traces = play_episodes(lambda ids, smp: vllm.generate(ids, smp, adapter="job-a"), vllm.tokenizer, env, specs,
+                           prompt_ids, n=3, sampling=turn, limits=limits)
+    flat = [(p, ids, t) for p, ids, group in zip(specs, prompt_ids, traces, strict=True) for t in group]
+    assert sum(t.turns for _, _, t in flat) > len(flat), "no episode had a second turn"
+    for p, _, t in flat:
+        assert replay_episode(env, p, vllm.tokenizer, trace_completion(t, 0), limits) == ""
+    with hf.activated("job-a") as model, torch.no_grad():
+        ref_BT, _ = completion_logprobs(model, [ids for _, ids, _ in flat], [t.token_ids_T for _, _, t in flat],
+                                        temperature=1.0, pad_id=hf.pad_token_id)
+    gap = max(abs(got - float(ref_BT[b, k])) for b, (_, _, t) in enumerate(flat)
+              for k, (got, is_model) in enumerate(zip(t.logprobs_T, model_positions(t.mask_T, len(t.mask_T))))
+              if is_model)
+    print(f"{len(flat)} wordle episodes, {sum(t.turns for _, _, t in flat)} model turns: worst gap {gap:.2e}")
     assert gap < LOGPROB_TOL
 
 
