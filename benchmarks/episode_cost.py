@@ -8,6 +8,9 @@ regrade, logprob and plausibility over model tokens only). Prints, per environme
 - episodes per minute of one worker (generation + grading), mean turns and trace tokens;
 - validator seconds per episode and the ratio validator / generation;
 - failed verdicts on honest episodes (target 0).
+Each figure is given in wall seconds and in this process's CPU seconds (`time.process_time`, all
+its threads): with one torch thread the CPU figures are what a quiet core would take, so they are
+the ones to compare on a shared machine.
 Usage (one torch thread, as each process of a local swarm has):
 
     .venv/bin/python benchmarks/episode_cost.py --model tiny --episodes 200
@@ -62,25 +65,26 @@ def run_env(name: str, args: argparse.Namespace, backend, versions, model: str) 
                           sampling_key=os.urandom(32), settings=ValidatorSettings(base_rate=1.0, logprob=None),
                           grader_factory=lambda n, v: pool)
     me, adapters = Identity.generate(), InMemoryAdapters(JOB, versions)
-    t_gen = t_val = 0.0
+    t_gen = t_val = c_gen = c_val = 0.0
     episodes = turns = tokens = failed = 0
     fails: list[str] = []
     index = seq = 0
     while episodes < args.episodes:
         prompts = env.prompts(spec.seed, list(range(index, index + args.prompts_per_lease)))
         index, seq = index + args.prompts_per_lease, seq + 1
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         groups = episode_groups(backend, spec, env, prompts, lease, adapter=WORKER, policy_version=1)
         for p, g in zip(prompts, groups, strict=True):
             texts, infos = grade_rows(backend.tokenizer, env, p, g)
             for c, grade in zip(g.completions, pool.grade([p.text] * len(texts), texts, infos), strict=True):
                 c.rewards.extend(float("nan") if r is None else r for r in grade.rewards)
                 c.reward = float("nan") if grade.reward is None else grade.reward
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.process_time()
         verdicts = validator.validate_batch(admitted_batch(me, groups, seq, JOB), spec, job_id=JOB, head_version=1,
                                             adapters=adapters)
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.process_time()
         t_gen, t_val = t_gen + t1 - t0, t_val + t2 - t1
+        c_gen, c_val = c_gen + c1 - c0, c_val + c2 - c1
         flat = [c for g in groups for c in g.completions]
         episodes, turns, tokens = episodes + len(flat), turns + sum(c.turns for c in flat), tokens + sum(len(c.token_ids) for c in flat)
         bad = [v for v in verdicts if not v.passed]
@@ -91,7 +95,11 @@ def run_env(name: str, args: argparse.Namespace, backend, versions, model: str) 
     return {"environment": name, "episodes": episodes, "episodes_per_min": round(60 * episodes / t_gen, 1),
             "mean_turns": round(turns / episodes, 2), "mean_trace_tokens": round(tokens / episodes, 1),
             "validator_s_per_episode": round(t_val / episodes, 4), "generation_s_per_episode": round(t_gen / episodes, 4),
-            "validator_over_generation": round(t_val / t_gen, 3), "honest_failed_verdicts": failed, "fails": fails[:3]}
+            "validator_over_generation": round(t_val / t_gen, 3),
+            "episodes_per_cpu_min": round(60 * episodes / c_gen, 1),
+            "validator_cpu_s_per_episode": round(c_val / episodes, 4),
+            "generation_cpu_s_per_episode": round(c_gen / episodes, 4),
+            "validator_over_generation_cpu": round(c_val / c_gen, 3), "honest_failed_verdicts": failed, "fails": fails[:3]}
 
 
 def main() -> None:
