@@ -1,9 +1,16 @@
-"""Shared fixtures: a tiny base model in a per-run cache, and hivemind socket cleanup."""
+"""Shared fixtures: a tiny base model in a per-run cache, and hivemind socket cleanup; the
+10-minute keepalive soak, started in the background at the start of the session."""
 
 from __future__ import annotations
 
+import atexit
 import glob
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -37,3 +44,67 @@ def _clean_hivemind_sockets():
             os.unlink(path)
         except OSError:
             pass
+
+
+# ---- the keepalive soak (issue 11): ten minutes of idle connections, run beside the suite
+# A test marked `keepalive_soak` (tests/integration/test_grpc_keepalive.py) judges a soak that
+# runs for SOAK_S seconds in a subprocess (benchmarks/keepalive_soak.py: a real server and
+# clients on 127.0.0.1, almost all idle waiting). It is started once collection has settled
+# which tests run, only if that test is among them; the test is moved to the end of the run, so
+# it waits only for whatever of the ten minutes the rest of the suite did not take. The
+# subprocess is in its own process group, killed at session end whatever happened (and at exit,
+# and it exits by itself once this process is gone).
+SOAK_S = float(os.environ.get("SWARMRL_KEEPALIVE_SOAK_S", "600"))   # shorter only to check the mechanism
+
+
+class KeepaliveSoak:
+    """The background soak: its process, and the files its result and stderr go to."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.dir = Path(tempfile.mkdtemp(prefix="swarmrl-soak-"))
+        self.result, self.stderr = self.dir / "result.json", self.dir / "stderr.log"
+        root = Path(__file__).resolve().parent.parent
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
+        with open(self.dir / "stdout.log", "wb") as out, open(self.stderr, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.keepalive_soak", "--seconds", str(seconds),
+                 "--json", str(self.result), "--parent-pid", str(os.getpid())],
+                cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """Kill the soak's whole process group (if it still runs) and remove its files."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+_soak: KeepaliveSoak | None = None
+
+
+@pytest.hookimpl(trylast=True)   # after -m / -k / --deselect have removed what won't run
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    global _soak
+    soaks = [i for i in items if i.get_closest_marker("keepalive_soak")]
+    if not soaks or config.option.collectonly:
+        return
+    items[:] = [i for i in items if i not in soaks] + soaks
+    if _soak is None:
+        _soak = KeepaliveSoak(SOAK_S)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _soak is not None:
+        _soak.close()
+
+
+@pytest.fixture
+def keepalive_soak() -> KeepaliveSoak:
+    """The soak started for this session (a test using it must be marked `keepalive_soak`)."""
+    assert _soak is not None, "the keepalive soak was not started: mark the test `keepalive_soak`"
+    return _soak
