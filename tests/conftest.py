@@ -108,3 +108,33 @@ def keepalive_soak() -> KeepaliveSoak:
     """The soak started for this session (a test using it must be marked `keepalive_soak`)."""
     assert _soak is not None, "the keepalive soak was not started: mark the test `keepalive_soak`"
     return _soak
+
+
+VF_GUESS = Path(__file__).resolve().parent / "fixtures" / "vf_guess"
+
+
+@pytest.fixture(scope="session")
+def vf_guess_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/fixtures/vf_guess (a verifiers MultiTurnEnv package) pip-installed into a folder that
+    is put first on sys.path and PYTHONPATH (so child processes find its entry point too);
+    skips when the `verifiers` package is not installed (the `swarmrl[verifiers]` extra)."""
+    import importlib.util
+    import shutil
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("verifiers") is None:
+        pytest.skip("the verifiers package is not installed (pip install 'swarmrl[verifiers]')")
+    src, site = tmp_path_factory.mktemp("vf_guess_src") / "vf_guess", tmp_path_factory.mktemp("vf_guess_site")
+    shutil.copytree(VF_GUESS, src)   # the build leaves build/ and egg-info beside the sources
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "--no-index",
+                    "--target", str(site), str(src)], check=True, capture_output=True, timeout=300)
+    sys.path.insert(0, str(site))
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), old) if p)
+    yield site
+    sys.path.remove(str(site))
+    if old is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = old

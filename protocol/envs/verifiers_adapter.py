@@ -1,123 +1,240 @@
-"""Run an environment written for `verifiers` as a swarmrl `Environment` (multi-turn ones, with
-`env_response`, as an `EpisodeEnv`: `verifiers_multiturn.py`).
+"""Run an environment written for `verifiers` as a swarmrl `Environment` (multi-turn ones as an
+`EpisodeEnv`: `verifiers_multiturn.py`).
 
-Written against verifiers' documented interface, duck-typed (the `verifiers` package is not
-installed here: a dry run showed it would install ~45 packages into the shared environment,
-without changing our pins): a module whose `load_environment(**kwargs)` returns an environment
-with
-- `dataset`: rows with a `question` (or `prompt`, a list of chat messages) and an `answer`
-  column (a list of dicts, or anything with `__len__` and `__getitem__` giving dicts, as a
-  `datasets.Dataset` does); optional `eval_dataset` for the held-out split;
-- `system_prompt` (optional) and `few_shot` (optional list of chat messages);
-- `rubric` with `funcs` (or `reward_funcs`) and `weights` (or `reward_weights`): reward functions
-  called as `f(completion=..., answer=..., prompt=..., parser=..., **kwargs)` returning a float
-  (verifiers' keyword-argument convention); `parser` (optional) is passed to them.
+Written against verifiers' classic API (verifiers 0.3.1, the `swarmrl[verifiers]` extra; from
+0.3.1 on it lives in `verifiers.legacy`, still answering as `import verifiers as vf`): a module
+whose `load_environment(**kwargs)` returns a `vf.MultiTurnEnv` (`vf.SingleTurnEnv` is its one-turn
+case) with
+- `dataset` (and optionally `eval_dataset`, the held-out split), formatted by verifiers: each row
+  has `prompt` (chat messages, the system prompt and few-shot turns included) and `answer`;
+- `rubric`: a `vf.Rubric` (or a `vf.RubricGroup`: a multi-turn environment always has one, with
+  verifiers' `num_turns` metric at weight 0) of weighted reward functions.
+verifiers' v1 environments (`verifiers.v1`, the only API of verifiers 0.4) are refused: they run
+agent harnesses against a model API, with no turn-by-turn hook for a model that is not behind one.
 
+Each row is one prompt: its chat messages, and as text their contents joined by blank lines.
 Indices map to rows as in data-set tasks: train index i -> dataset row i mod n; held-out index
-HELDOUT_START + k -> eval_dataset row k (or, without one, a hash split of `dataset`).
-The adapted reward functions are TRL-style batch functions, so the grading pool runs them in its
-sandboxed subprocess exactly as any installed environment's. The environment's `name`/`version`
-come from the module (`__name__`, `__version__` or "0").
+HELDOUT_START + k -> eval_dataset row k (or, without one, a hash split of `dataset`). A prompt's
+`info` holds the row's `answer` and its place (`vf_split`, `vf_row`), so a grader rebuilds the
+row. Reward functions get what verifiers gives them: the episode replayed from the model's turns
+(`verifiers_replay`), `completion` as verifiers messages, `state`, `answer`, `parser`, ... Each
+becomes a TRL-style batch function (`VerifiersReward`), so the grading pool runs it in its
+sandboxed subprocess as any installed environment's. The environment's `name`/`version` come
+from the module (`__name__`, `__version__` or "0"); sampling `stop` and `max_tokens` from the
+environment's `sampling_args` when it sets them.
+
+Loading keeps the process's SIGINT/SIGTERM handlers: verifiers' `Environment.__post_init__` would
+install its own (teardown, then exit 143), and fail on any thread but the main one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Sequence
+import signal
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from swarmrl.protocol.envs.base import HELDOUT_START, Environment, PromptSpec, check_seed_index
+from swarmrl.protocol.envs.verifiers_replay import (
+    call_group_reward,
+    call_reward,
+    content_text,
+    finished,
+    verifiers_module,
+)
+
+STATE_CACHE = 256
+"""Scored states kept per environment: the F reward functions of one batch share them."""
 
 
 class VerifiersReward:
-    """One verifiers reward function as a TRL-style batch function (picklable if the function is)."""
+    """One verifiers reward function (with its weight's rubric) as a TRL-style batch function.
 
-    def __init__(self, func: Any, parser: Any = None) -> None:
-        self.func, self.parser = func, parser
-        self.__name__ = getattr(func, "__name__", "reward")
+    Called with `prompts`, `completions` and the columns `vf_split`, `vf_row` (the row), `turns`
+    (the model's turns; absent for single-turn environments: the completion is the one turn)
+    and, for group-level functions, `group` (rows sharing it are scored together, as verifiers'
+    `score_group` does). Returns one float per completion.
+    """
 
-    def __call__(self, prompts: list[str], completions: list[str], answer: Sequence[Any] | None = None,
-                 **kwargs: Any) -> list[float | None]:
-        """One reward per completion (None: unscored); `answer` holds the reference answers."""
-        answers = list(answer) if answer is not None else [None] * len(completions)
-        out: list[float | None] = []
-        for prompt, completion, gold in zip(prompts, completions, answers, strict=True):
-            value = self.func(completion=completion, answer=gold, prompt=prompt, parser=self.parser)
-            out.append(None if value is None else float(value))
+    def __init__(self, env: VerifiersEnv, func: Any, rubric: Any) -> None:
+        self.env, self.func, self.rubric = env, func, rubric
+        self.__name__ = str(getattr(func, "__name__", "reward"))
+        self.group = bool(rubric._is_group_func(func))
+
+    def __call__(self, prompts: list[str], completions: list[str], vf_split: Sequence[str] | None = None,
+                 vf_row: Sequence[int] | None = None, turns: Sequence[Sequence[str]] | None = None,
+                 group: Sequence[Any] | None = None, **kwargs: Any) -> list[float | None]:
+        """One reward per completion.
+
+        Raises:
+            ValueError: the `vf_split`/`vf_row` columns are missing.
+        """
+        if vf_split is None or vf_row is None:
+            raise ValueError("verifiers rewards need the vf_split and vf_row columns of the prompt's info")
+        episodes = [list(t) for t in turns] if turns is not None else [[c] for c in completions]
+        states = [self.env.scored_state(s, r, t) for s, r, t in zip(vf_split, vf_row, episodes, strict=True)]
+        if not self.group:
+            return [float(call_reward(self.rubric, self.func, s)) for s in states]
+        out: list[float | None] = [None] * len(states)
+        ids = list(group) if group is not None else [0] * len(states)
+        for g in dict.fromkeys(ids):
+            rows = [i for i, x in enumerate(ids) if x == g]
+            values = list(call_group_reward(self.rubric, self.func, [states[i] for i in rows]))
+            if len(values) != len(rows):
+                raise ValueError(f"{self.__name__} returned {len(values)} values for a group of {len(rows)}")
+            for i, v in zip(rows, values, strict=True):
+                out[i] = float(v)
         return out
 
 
+def _leaf_rubrics(rubric: Any) -> Iterator[Any]:
+    """The plain rubrics of a rubric (a `RubricGroup`'s members, recursively)."""
+    if hasattr(rubric, "rubrics"):
+        for member in rubric.rubrics:
+            yield from _leaf_rubrics(member)
+    else:
+        yield rubric
+
+
 def _rows(dataset: Any) -> list[dict[str, Any]]:
-    if dataset is None:
-        return []
-    return [dict(dataset[i]) for i in range(len(dataset))]
+    return [] if dataset is None else [dict(row) for row in dataset.to_list()]
 
 
-def _question(row: dict[str, Any]) -> str:
-    if "question" in row:
-        return str(row["question"])
+def _messages(row: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     prompt = row.get("prompt")
-    if isinstance(prompt, list):   # chat messages: the last user turn
-        users = [m["content"] for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-        if users:
-            return str(users[-1])
-    raise ValueError(f"verifiers row has neither 'question' nor a chat 'prompt': keys {sorted(row)}")
+    if not isinstance(prompt, list) or not prompt:
+        raise ValueError(f"verifiers row has no chat 'prompt' (keys {sorted(row)})")
+    return tuple((str(m["role"]), content_text(m.get("content"))) for m in prompt)
+
+
+def _held(row: dict[str, Any]) -> bool:
+    text = "\n\n".join(c for _, c in _messages(row))
+    return hashlib.sha256(text.encode()).digest()[0] < 26   # ~10%
 
 
 class VerifiersEnv(Environment):
-    """A loaded verifiers environment behind swarmrl's `Environment` interface."""
+    """A loaded verifiers environment behind swarmrl's `Environment` interface (one turn)."""
 
     regrade_tolerance = 1e-6
     stop: tuple[str, ...] = ()
     max_new_tokens = 256
 
     def __init__(self, vf_env: Any, name: str, version: str) -> None:
-        self.name, self.version = name, version
-        self.system_prompt = str(getattr(vf_env, "system_prompt", "") or "")
-        self.few_shot = [(m["role"], m["content"]) for m in (getattr(vf_env, "few_shot", None) or [])]
-        rubric = getattr(vf_env, "rubric", None)
-        funcs = getattr(rubric, "funcs", None) or getattr(rubric, "reward_funcs", None) or []
-        weights = getattr(rubric, "weights", None) or getattr(rubric, "reward_weights", None) or [1.0] * len(funcs)
+        self.name, self.version, self.vf_env = name, version, vf_env
+        funcs: list[VerifiersReward] = []
+        weights: list[float] = []
+        for rubric in _leaf_rubrics(vf_env.rubric):
+            funcs += [VerifiersReward(self, f, rubric) for f in rubric.funcs]
+            weights += [float(w) for w in rubric.weights]
         if not funcs:
             raise ValueError(f"verifiers environment {name!r} has no rubric reward functions")
-        parser = getattr(vf_env, "parser", None) or getattr(rubric, "parser", None)
-        self.reward_funcs = tuple(VerifiersReward(f, parser) for f in funcs)
-        self.reward_weights = tuple(float(w) for w in weights)
-        low = sum(min(0.0, w) for w in self.reward_weights)
-        self.reward_range = (low - 1e6, sum(max(0.0, w) for w in self.reward_weights) + 1e6)   # unbounded rubric values
-        train = _rows(getattr(vf_env, "dataset", None))
-        held = _rows(getattr(vf_env, "eval_dataset", None))
+        self.reward_funcs, self.reward_weights = tuple(funcs), tuple(weights)
+        self.group_rewards = any(f.group for f in funcs)
+        low = sum(min(0.0, w) for w in weights)
+        self.reward_range = (low - 1e6, sum(max(0.0, w) for w in weights) + 1e6)   # unbounded rubric values
+        sampling = dict(getattr(vf_env, "sampling_args", None) or {})
+        if sampling.get("stop"):
+            stop = sampling["stop"]
+            self.stop = (stop,) if isinstance(stop, str) else tuple(stop)
+        if sampling.get("max_tokens"):
+            self.max_new_tokens = int(sampling["max_tokens"])
+        vf_env.build_dataset()
+        vf_env.build_eval_dataset()
+        train, held = _rows(vf_env.dataset), _rows(vf_env.eval_dataset)
         if not held:
             held = [r for r in train if _held(r)]
             train = [r for r in train if not _held(r)]
         if not train or not held:
             raise ValueError(f"verifiers environment {name!r}: empty train or held-out rows")
-        self.train_rows, self.heldout_rows = train, held
+        self.rows = {"train": train, "eval": held}
+        self._states: OrderedDict[tuple[str, int, tuple[str, ...]], Any] = OrderedDict()
+        self._lock = threading.Lock()
 
     def prompt(self, seed: int, index: int) -> PromptSpec:
         """Row `index` of its split (verifiers data sets are fixed; the seed does not reorder them)."""
         check_seed_index(seed, index)
-        rows = self.heldout_rows if index >= HELDOUT_START else self.train_rows
-        row = rows[(index - HELDOUT_START if index >= HELDOUT_START else index) % len(rows)]
-        question = _question(row)
-        turns = ([("system", self.system_prompt)] if self.system_prompt else []) + self.few_shot + [("user", question)]
-        text = (f"{self.system_prompt}\n\n" if self.system_prompt else "") + question
-        return PromptSpec(index=index, text=text, info={"answer": row.get("answer")}, messages=tuple(turns))
+        split = "eval" if index >= HELDOUT_START else "train"
+        rows = self.rows[split]
+        k = (index - HELDOUT_START if index >= HELDOUT_START else index) % len(rows)
+        messages = _messages(rows[k])
+        return PromptSpec(index=index, text="\n\n".join(c for _, c in messages),
+                          info={"answer": rows[k].get("answer", ""), "vf_split": split, "vf_row": k},
+                          messages=messages)
+
+    def row(self, info: dict[str, Any]) -> dict[str, Any]:
+        """The dataset row a prompt's `info` names."""
+        return self.rows[str(info["vf_split"])][int(info["vf_row"])]
+
+    def scored_state(self, split: str, row: int, turns: Sequence[str]) -> Any:
+        """The verifiers state of the episode with these model turns, as verifiers scores it
+        (`verifiers_replay.finished`); the last `STATE_CACHE` are kept, so the reward functions
+        of one batch replay each episode once."""
+        key = (str(split), int(row), tuple(turns))
+        with self._lock:
+            if key in self._states:
+                return self._states[key]
+        state = finished(self.vf_env, self.rows[key[0]][key[1]], key[2])
+        with self._lock:
+            self._states[key] = state
+            while len(self._states) > STATE_CACHE:
+                self._states.popitem(last=False)
+        return state
 
 
-def _held(row: dict[str, Any]) -> bool:
-    return hashlib.sha256(_question(row).encode()).digest()[0] < 26   # ~10%
+class _NoSignalHandlers:
+    """The `signal` module as verifiers' `Environment` sees it while loading: `signal()` installs
+    nothing (it would replace the node's SIGINT/SIGTERM handlers with verifiers' teardown-and-exit,
+    and raises off the main thread); everything else is the real module's."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(signal, name)
+
+    @staticmethod
+    def signal(signum: int, handler: Any) -> None:
+        """Install nothing."""
+
+
+_LOADING = threading.Lock()
+
+
+@contextlib.contextmanager
+def _no_signal_handlers(vf: Any) -> Iterator[None]:
+    """While loading, verifiers' environment module installs no signal handler (any thread)."""
+    module: Any = sys.modules[vf.Environment.__module__]
+    with _LOADING:
+        real = module.signal
+        module.signal = _NoSignalHandlers()
+        try:
+            yield
+        finally:
+            module.signal = real
 
 
 def adapt_verifiers(module: Any, **kwargs: Any) -> VerifiersEnv:
-    """`module.load_environment(**kwargs)` adapted (raises ValueError if it is not verifiers-shaped)."""
+    """`module.load_environment(**kwargs)` adapted.
+
+    Raises:
+        ValueError: the module has no `load_environment`, verifiers is not installed, or what it
+            returns is not a verifiers `MultiTurnEnv` (a v1 environment, say).
+    """
     load = getattr(module, "load_environment", None)
     if load is None:
         raise ValueError(f"{getattr(module, '__name__', module)!r} is neither an Environment nor has load_environment()")
     name = str(getattr(module, "__name__", "verifiers")).rsplit(".", 1)[-1]
-    vf_env, version = load(**kwargs), str(getattr(module, "__version__", "0"))
-    from swarmrl.protocol.envs.verifiers_multiturn import VerifiersEpisodeEnv, is_multiturn
+    vf = verifiers_module()
+    with _no_signal_handlers(vf):
+        vf_env = load(**kwargs)
+    if not isinstance(vf_env, vf.MultiTurnEnv):   # ValueError: what every loader caller handles
+        raise ValueError(  # noqa: TRY004
+            f"{name}.load_environment() returned a {type(vf_env).__module__}.{type(vf_env).__name__}, "
+            "not a verifiers MultiTurnEnv (the classic API; v1 environments are not supported)")
+    version = str(getattr(module, "__version__", "0"))
+    if vf_env.max_turns == 1:
+        return VerifiersEnv(vf_env, name, version)
+    from swarmrl.protocol.envs.verifiers_multiturn import VerifiersEpisodeEnv
 
-    if is_multiturn(vf_env):   # MultiTurnEnv-shaped: plays episodes
-        return VerifiersEpisodeEnv(vf_env, name, version)
-    return VerifiersEnv(vf_env, name, version)
+    return VerifiersEpisodeEnv(vf_env, name, version)

@@ -1,41 +1,34 @@
-"""Run a `verifiers` multi-turn environment (`MultiTurnEnv`-shaped) as a swarmrl `EpisodeEnv`.
+"""Run a `verifiers` multi-turn environment (`vf.MultiTurnEnv`, more than one turn) as a swarmrl
+`EpisodeEnv`.
 
-Duck-typed, as the single-turn adapter (`verifiers_adapter.py`; the package is not installed
-here): besides a data set and a rubric, the loaded environment has
-- `env_response(messages, state, **kwargs) -> (new_messages, state)`: the environment's reply to
-  the conversation so far (a list of `{"role", "content"}` dicts), sync or async;
-- `is_completed(messages, state, **kwargs) -> bool` (optional; default: never, so the turn limit
-  ends the episode), sync or async;
-- `max_turns` (optional, default 10).
+Each reply is recomputed from scratch from the prompt's row and the model's turns by verifiers'
+own rollout steps (`verifiers_replay.replay`: `init_state`, `setup_state`, the `@vf.stop`
+conditions, `env_response`, `final_env_response`), so replies are a pure function of the turns as
+long as the environment's are, and validators replay them. An environment that is not
+deterministic sets `deterministic = False` on itself and its episodes are not replayed.
+The environment's messages after a turn render as plain text: each message's content on its own
+line, after a newline, ending with a newline. A `final_env_response` ends the episode without
+being shown to the model (it is part of the scored completion, as in verifiers). The episode's
+turn cap is the environment's `max_turns` (verifiers' -1, no cap, leaves the job's).
 
-A reply is recomputed from scratch from the prompt's messages and the model's turns (a fresh
-state `{"answer", "info", "prompt", "turn"}` each time), so replies are a pure function of the
-turns as long as the environment's are: validators replay them. An environment that is not
-deterministic sets `deterministic = False` and its episodes are not replayed.
-Each reply renders as plain text: its messages' contents, each on its own line. Rubric functions
-get the episode's text after the first observation as `completion`, as single-turn ones do.
+`swarmrl env check` plays a scripted episode: the environment's `scripted_turn(messages, state)`
+if it has one (the conversation so far as verifiers messages, and the state), else the row's
+reference answer every turn. `swarmrl eval` counts an episode solved when its total reward
+reaches the environment's `pass_threshold` (verifiers' own notion of a passing rollout).
 """
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
 from swarmrl.protocol.envs.base import PromptSpec
 from swarmrl.protocol.envs.episode import EpisodeEnv, Reply
 from swarmrl.protocol.envs.verifiers_adapter import VerifiersEnv
+from swarmrl.protocol.envs.verifiers_replay import content_text, replay
 
-
-def _resolve(value: Any) -> Any:
-    """The value of a sync or async call."""
-    return asyncio.run(value) if inspect.iscoroutine(value) else value
-
-
-def is_multiturn(vf_env: Any) -> bool:
-    """Whether a loaded verifiers environment plays several turns (it has `env_response`)."""
-    return callable(getattr(vf_env, "env_response", None))
+NO_CAP = 64
+"""The turn cap of an environment without one (verifiers' max_turns -1): `EpisodeSpec`'s ceiling."""
 
 
 class VerifiersEpisodeEnv(VerifiersEnv, EpisodeEnv):
@@ -43,31 +36,34 @@ class VerifiersEpisodeEnv(VerifiersEnv, EpisodeEnv):
 
     def __init__(self, vf_env: Any, name: str, version: str) -> None:
         super().__init__(vf_env, name, version)
-        self.vf_env = vf_env
-        self.max_turns = int(getattr(vf_env, "max_turns", 10) or 10)
+        cap = int(vf_env.max_turns)
+        self.max_turns = cap if cap > 0 else NO_CAP
         self.deterministic = bool(getattr(vf_env, "deterministic", True))
 
-    def _messages(self, spec: PromptSpec) -> list[dict[str, Any]]:
-        return [{"role": r, "content": c} for r, c in spec.messages] or [{"role": "user", "content": spec.text}]
-
-    def _completed(self, messages: list[dict[str, Any]], state: dict[str, Any]) -> bool:
-        done = getattr(self.vf_env, "is_completed", None)
-        return bool(_resolve(done(messages, state))) if callable(done) else False
-
     def reply(self, spec: PromptSpec, turns: Sequence[str]) -> Reply:
-        """Replay the conversation: each model turn as an assistant message, then the
-        environment's `env_response`, until the last turn; its response is the observation."""
-        messages = self._messages(spec)
-        state: dict[str, Any] = {"answer": spec.info.get("answer"), "info": dict(spec.info),
-                                 "prompt": list(messages), "turn": 0}
-        new: list[dict[str, Any]] = []
-        for i, turn in enumerate(turns):
-            messages.append({"role": "assistant", "content": turn})
-            state["turn"] = i + 1
-            if self._completed(messages, state) or i + 1 >= self.max_turns:
-                return Reply("", done=True)
-            new, state = _resolve(self.vf_env.env_response(messages, state))
-            new = list(new or [])
-            messages += new
-        text = "".join(f"\n{m.get('content', '')}" for m in new)
+        """The environment's messages after the last turn, as text; done when it ended."""
+        played = replay(self.vf_env, self.row(spec.info), turns)
+        if played.done:
+            return Reply("", done=True)
+        text = "".join(f"\n{content_text(m.get('content'))}" for m in played.observation)
         return Reply(text + "\n" if text else "", done=not text)
+
+    def scripted_turn(self, spec: PromptSpec, turns: Sequence[str]) -> str:
+        """The environment's `scripted_turn(messages, state)`, else the reference answer."""
+        script = getattr(self.vf_env, "scripted_turn", None)
+        if not callable(script):
+            return str(spec.info.get("answer", ""))
+        played = replay(self.vf_env, self.row(spec.info), turns)
+        state = played.state
+        if state["trajectory"]:
+            last = state["trajectory"][-1]
+            messages = [*last["prompt"], *last["completion"], *played.observation]
+        else:
+            messages = list(state["prompt"])
+        return str(script(messages, state))
+
+    def solved(self, info: dict[str, Any], turns: Sequence[str]) -> bool:  # type: ignore[override]
+        """Whether the episode's total reward reaches the environment's `pass_threshold`."""
+        spec = PromptSpec(index=0, text="", info={**info, "turns": list(turns)})
+        total = self.total(self.rewards([spec], [""])[0])
+        return total is not None and total >= float(getattr(self.vf_env, "pass_threshold", 0.5))

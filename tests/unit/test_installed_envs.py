@@ -1,7 +1,7 @@
-"""Installed environments: discovered through the `swarmrl.environments` entry-point group, a
-verifiers-style package adapted (a small package written here following verifiers' documented
-interface: `load_environment()` -> dataset, rubric of weighted reward functions, parser), and
-workers that skip a job whose environment they do not run."""
+"""Installed environments: discovered through the `swarmrl.environments` entry-point group (a
+small third-party package written here: an `Environment` subclass), and workers that skip a job
+whose environment they do not run. verifiers environments found the same way:
+tests/unit/test_verifiers_adapter.py."""
 
 from __future__ import annotations
 
@@ -13,67 +13,58 @@ import pytest
 from swarmrl.protocol.envs import HELDOUT_START, get_environment, installed_environments
 
 TOY = textwrap.dedent('''
-    """A verifiers-style single-turn environment (no verifiers import needed)."""
-    __version__ = "0.3"
+    """A third-party swarmrl environment: add a number to itself."""
+    from swarmrl.protocol.envs.base import HELDOUT_START, Environment, PromptSpec, check_seed_index
 
 
-    class Parser:
-        def parse_answer(self, completion):
-            return completion.strip().split()[-1] if completion.strip() else None
+    def correct(prompts, completions, answer, **kwargs):
+        return [1.0 if c.strip().split()[-1:] == [a] else 0.0 for c, a in zip(completions, answer)]
 
 
-    def correct(completion, answer, parser, **kwargs):
-        return 1.0 if parser.parse_answer(completion) == answer else 0.0
+    def short(prompts, completions, **kwargs):
+        return [1.0 if len(c) < 10 else 0.0 for c in completions]
 
 
-    def short(completion, **kwargs):
-        return 1.0 if len(completion) < 10 else 0.0
+    class ToyEnv(Environment):
+        name, version = "toy", "0.3"
+        reward_funcs = (correct, short)
+        reward_weights = (1.0, 0.2)
+        reward_range = (0.0, 1.2)
+        regrade_tolerance = 1e-6
+        stop = ()
+        max_new_tokens = 16
 
-
-    class Rubric:
-        def __init__(self, funcs, weights, parser):
-            self.funcs, self.weights, self.parser = funcs, weights, parser
-
-
-    class Env:
-        def __init__(self):
-            self.dataset = [{"question": f"What is {i}+{i}?", "answer": str(2 * i)} for i in range(20)]
-            self.eval_dataset = [{"question": "What is 50+50?", "answer": "100"}]
-            self.system_prompt = "Answer with a number."
-            self.parser = Parser()
-            self.rubric = Rubric([correct, short], [1.0, 0.2], self.parser)
-
-
-    def load_environment(**kwargs):
-        return Env()
+        def prompt(self, seed, index):
+            check_seed_index(seed, index)
+            i = 50 if index >= HELDOUT_START else index % 20
+            return PromptSpec(index=index, text=f"What is {i}+{i}?", info={"answer": str(2 * i)})
 ''')
 
 
 @pytest.fixture
 def toy_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    (tmp_path / "vf_toy.py").write_text(TOY)
-    info = tmp_path / "vf_toy-0.3.dist-info"
+    (tmp_path / "toy_env.py").write_text(TOY)
+    info = tmp_path / "toy_env-0.3.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: vf-toy\nVersion: 0.3\n")
-    (info / "entry_points.txt").write_text("[swarmrl.environments]\nvf_toy = vf_toy\n")
-    (info / "RECORD").write_text("vf_toy.py,sha256=abc,123\n")
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-env\nVersion: 0.3\n")
+    (info / "entry_points.txt").write_text("[swarmrl.environments]\ntoy = toy_env:ToyEnv\n")
+    (info / "RECORD").write_text("toy_env.py,sha256=abc,123\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     return tmp_path
 
 
-def test_verifiers_style_package_is_found_adapted_and_graded(toy_installed: Path) -> None:
+def test_an_installed_package_is_found_and_graded(toy_installed: Path) -> None:
     listed = {e.name: e for e in installed_environments()}
-    assert listed["vf_toy"].version == "0.3" and listed["vf_toy"].package == "vf-toy"
-    assert len(listed["vf_toy"].package_sha256) == 64 and "arithmetic" in listed
-    env = get_environment("vf_toy", "0.3")
+    assert listed["toy"].version == "0.3" and listed["toy"].package == "toy-env"
+    assert len(listed["toy"].package_sha256) == 64 and "arithmetic" in listed
+    env = get_environment("toy", "0.3")
     p = env.prompt(0, 3)
-    assert p.text == "Answer with a number.\n\nWhat is 3+3?" and p.info == {"answer": "6"}
-    assert p.messages[0] == ("system", "Answer with a number.")
+    assert p.text == "What is 3+3?" and p.info == {"answer": "6"}
     assert env.prompt(0, HELDOUT_START).info == {"answer": "100"}
     rows = env.rewards([p, p], ["It is 6", "It is 7, a long answer"])
     assert rows == [[1.0, 1.0], [0.0, 0.0]] and env.total(rows[0]) == pytest.approx(1.2)
     with pytest.raises(ValueError, match="is version 0.3 here, not 0.2"):
-        get_environment("vf_toy", "0.2")
+        get_environment("toy", "0.2")
 
 
 def test_unknown_environment_names_what_is_installed() -> None:
@@ -98,13 +89,13 @@ def test_submit_pins_the_package_hash_and_workers_with_another_refuse(toy_instal
     from swarmrl.node.worker.main import cannot_run
 
     job = tmp_path / "toy.toml"
-    job.write_text('base_model = "tiny"\nenvironment = "vf_toy"\nenv_version = "0.3"\nsteps = 2\n')
+    job.write_text('base_model = "tiny"\nenvironment = "toy"\nenv_version = "0.3"\nsteps = 2\n')
     spec = load_job_file(job, model_cache).spec
-    installed = {e.name: e for e in installed_environments()}["vf_toy"]
+    installed = {e.name: e for e in installed_environments()}["toy"]
     assert spec.env_package_sha256 == installed.package_sha256 and len(spec.env_package_sha256) == 64
-    assert cannot_run(spec, ["vf_toy"]) == ""
+    assert cannot_run(spec, ["toy"]) == ""
     other = spec.model_copy(update={"env_package_sha256": "cd" * 32})
-    assert "the job pins package sha cdcdcdcdcdcd…, installed here: " in cannot_run(other, ["vf_toy"])
+    assert "the job pins package sha cdcdcdcdcdcd…, installed here: " in cannot_run(other, ["toy"])
     builtin = tmp_path / "arith.toml"
     builtin.write_text('base_model = "tiny"\nenvironment = "arithmetic"\nsteps = 2\n')
     assert load_job_file(builtin, model_cache).spec.env_package_sha256 == ""   # built-ins: pinned by version
