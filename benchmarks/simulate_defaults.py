@@ -11,9 +11,10 @@ per hour, with the ratios of reach and groups/hour against the product's setting
 counts pending groups up to BACKLOG_BATCHES = 2). The variants:
 
 - peer_wait_s = N: the worker config's wait for a peer, the product's catch-up otherwise;
-- wait whole N: what-if: a waiting worker reads the holder records only when its random wait
-  ends and asks a random one of them (today it stops at the first record it sees, so every
-  waiting worker asks that one holder: most time out after 30 s and go to the trainer);
+- wait whole N: the "fixed-whole" wait rule (`delta_sources.waits_whole`): a waiting worker reads
+  the holder records only when its random wait ends and asks a random one of them ("fixed" stops
+  at the first record it sees, so every waiting worker asks that one holder: most time out after
+  30 s and go to the trainer);
 - open leases xB: the backlog rule counts the unanswered prompts of open leases as well as the
   pending groups (`leases.backlog_full`), refusing past B batches.
 
@@ -21,9 +22,10 @@ All of these ask every announced holder of an update before the trainer (max_pee
 the rule before issue 13). `--variants peer-attempts` compares that rule with at most N peer
 fetches per update before the trainer (worker config `max_peer_attempts`,
 `protocol/delta_sources.MAX_PEER_ATTEMPTS`), the other settings as "before". `--variants
-wait-rule` compares the fixed wait for a holder with the "scaled" one (`CatchUp(wait_rule=)`,
-`delta_sources.wait_ceiling_s`: peer_wait_s * log2(previous version's holders / 128)), alone and
-with the wait-whole what-if. `--workers` scales a scenario's joins with it; the local-* scenarios
+wait-rule` compares the product's wait rules for a holder (`CatchUp(wait_rule=)`, worker config
+`wait_rule`, `delta_sources.WAIT_RULES`): "fixed" against "scaled" (`delta_sources.wait_ceiling_s`:
+peer_wait_s * log2(previous version's holders / 128)), "scaled-whole" (the scaled ceiling, waited
+whole, then a random holder: `delta_sources.waits_whole`) and "fixed-whole". `--workers` scales a scenario's joins with it; the local-* scenarios
 keep their size (`--workers 0`).
 """
 
@@ -40,7 +42,7 @@ from swarmrl.simulations.scenario import load_scenario
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "simulations" / "scenarios"
 
-BEFORE = {"gossip": {"peer_wait_s": 1.0, "wait_whole": False, "max_peer_attempts": 0, "wait_rule": "fixed"},
+BEFORE = {"gossip": {"peer_wait_s": 1.0, "max_peer_attempts": 0, "wait_rule": "fixed"},
           "job": {"backlog_counts_open": False, "backlog_batches": 2}}
 
 
@@ -52,7 +54,7 @@ def variant(gossip: dict[str, Any] | None = None, job: dict[str, Any] | None = N
 VARIANTS: list[tuple[str, dict[str, Any]]] = [
     ("before: peer_wait_s=1, pending x2", variant()),
     *[(f"peer_wait_s={n}", variant({"peer_wait_s": float(n)})) for n in (5, 15, 30)],
-    *[(f"wait whole {n}", variant({"peer_wait_s": float(n), "wait_whole": True})) for n in (10, 15)],
+    *[(f"wait whole {n}", variant({"peer_wait_s": float(n), "wait_rule": "fixed-whole"})) for n in (10, 15)],
     *[(f"open leases x{b}", variant(job={"backlog_counts_open": True, "backlog_batches": b})) for b in (2, 4)],
 ]
 
@@ -64,8 +66,9 @@ PEER_ATTEMPTS: list[tuple[str, dict[str, Any]]] = [
 WAIT_RULE: list[tuple[str, dict[str, Any]]] = [
     ("fixed, peer_wait_s=1 (before)", variant()),
     *[(f"scaled, peer_wait_s={n}", variant({"wait_rule": "scaled", "peer_wait_s": float(n)})) for n in (1, 5)],
-    ("scaled 5, wait whole", variant({"wait_rule": "scaled", "peer_wait_s": 5.0, "wait_whole": True})),
-    ("fixed 15, wait whole", variant({"peer_wait_s": 15.0, "wait_whole": True})),
+    *[(f"scaled-whole, peer_wait_s={n}", variant({"wait_rule": "scaled-whole", "peer_wait_s": float(n)}))
+      for n in (1, 2, 5)],
+    ("fixed-whole, peer_wait_s=15", variant({"wait_rule": "fixed-whole", "peer_wait_s": 15.0})),
 ]
 
 VARIANT_SETS = {"defaults": VARIANTS, "peer-attempts": PEER_ATTEMPTS, "wait-rule": WAIT_RULE}

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from swarmrl.node.grpc_limits import GrpcLimits
 from swarmrl.node.rate_limits import RateLimits
-from swarmrl.protocol.delta_sources import MAX_PEER_ATTEMPTS
+from swarmrl.protocol.delta_sources import MAX_PEER_ATTEMPTS, WAIT_RULE, waits_whole
 from swarmrl.protocol.red_team_modes import MODES
 
 C = TypeVar("C", bound=BaseModel)
@@ -212,6 +212,7 @@ class WorkerConfig(_Config):
     max_gap: int = Field(8, ge=1)        # versions behind past which one snapshot replaces the delta chain
     peer_wait_s: float = Field(1.0, ge=0)   # wait up to this long for a peer to hold a fresh delta
     max_peer_attempts: int = Field(MAX_PEER_ATTEMPTS, ge=0)   # peers asked per update, then the trainer (0: all)
+    wait_rule: str = WAIT_RULE           # how long to wait for a peer to hold a fresh delta (delta_sources.WAIT_RULES)
     sync_poll_s: float = Field(0.5, gt=0)   # how often to look for a newer version to prefetch
     keep_deltas: int = Field(16, ge=1)   # newest deltas kept (and served) per job
     linger_s: float = Field(2.0, ge=0)   # with exit_when_done: keep serving this long after the last job
@@ -228,6 +229,12 @@ class WorkerConfig(_Config):
     @classmethod
     def _device(cls, name: str) -> str:
         return check_device(name)
+
+    @field_validator("wait_rule")
+    @classmethod
+    def _wait_rule(cls, rule: str) -> str:
+        waits_whole(rule)   # raises ValueError naming the known rules
+        return rule
 
     @field_validator("red_team")
     @classmethod

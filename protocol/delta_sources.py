@@ -6,9 +6,10 @@ version at a time; ask the peers that announce the update (not ourselves, not pe
 sending something that did not verify, only updates signed by a trainer we accept) in random
 order, at most `max_peer_attempts` of them per update and catch-up (worker config; 0, the
 default `MAX_PEER_ATTEMPTS`: all of them); when none announces it yet, wait a random share of
-`peer_wait_s` for one to appear (`wait_rule` "fixed", the default; "scaled" makes that ceiling
-grow with the number of peers that hold the previous version, `wait_ceiling_s`); then fall back to
-the trainer.
+`peer_wait_s` for one to appear (`wait_rule`, default `WAIT_RULE`: "scaled*" make that ceiling grow
+with the number of peers that hold the previous version, `wait_ceiling_s`; "*-whole" wait the whole
+drawn share and then ask a random holder, the others stop at the first holder seen, `waits_whole`);
+then fall back to the trainer.
 """
 
 from __future__ import annotations
@@ -89,25 +90,46 @@ def holder_wait_s(peer_wait_s: float, rng: random.Random) -> float:
     return rng.uniform(0, peer_wait_s) if peer_wait_s > 0 else 0.0
 
 
-WAIT_RULES = ("fixed", "scaled")
+WAIT_RULES = ("fixed", "scaled", "fixed-whole", "scaled-whole")
 WAIT_RULE = "fixed"
-"""How long a worker may wait for a peer to announce a fresh update: "fixed", up to `peer_wait_s`
-(the default), or "scaled", `wait_ceiling_s`'s ceiling that grows with the swarm."""
+"""How a worker waits for a peer to announce a fresh update. The ceiling of its random wait:
+"fixed*" up to `peer_wait_s`, "scaled*" up to `wait_ceiling_s`'s ceiling that grows with the
+swarm. When it stops: "fixed" and "scaled" at the first holder record it sees (so every waiting
+worker asks that one holder), "*-whole" at the end of its drawn wait, then it reads the records and
+asks a random holder (`waits_whole`)."""
 SCALED_FROM_HOLDERS = 128
-"""The "scaled" rule waits nothing up to this many holders of the previous version, then
+"""The "scaled*" rules wait nothing up to this many holders of the previous version, then
 `peer_wait_s` more per doubling."""
+
+
+def _check_rule(rule: str) -> None:
+    if rule not in WAIT_RULES:
+        raise ValueError(f"wait_rule must be one of {', '.join(WAIT_RULES)}, got {rule!r}")
+
+
+def waits_whole(rule: str) -> bool:
+    """True when a worker waiting for a holder under `rule` waits its whole drawn share of the
+    ceiling and only then reads the holder records (and asks a random holder of them: `ask_order`);
+    False when it stops at the first record it sees.
+
+    Raises:
+        ValueError: `rule` is not one of WAIT_RULES."""
+    _check_rule(rule)
+    return rule.endswith("-whole")
 
 
 def wait_ceiling_s(peer_wait_s: float, rule: str, holders: int) -> float:
     """The ceiling of the random wait for a holder (`holder_wait_s`'s `peer_wait_s`): `peer_wait_s`
-    under the "fixed" rule; under "scaled", peer_wait_s * log2(holders / SCALED_FROM_HOLDERS) and
+    under the "fixed*" rules; under "scaled*", peer_wait_s * log2(holders / SCALED_FROM_HOLDERS) and
     at least 0, where `holders` is how many peers announce the version the worker holds (the
     previous one): a small swarm asks its trainer at once, a large one waits for the peers that
-    will hold the update, each doubling of the swarm a little longer."""
+    will hold the update, each doubling of the swarm a little longer.
+
+    Raises:
+        ValueError: `peer_wait_s` < 0 or `rule` is not one of WAIT_RULES."""
     if peer_wait_s < 0:
         raise ValueError(f"peer_wait_s must be >= 0, got {peer_wait_s}")
-    if rule == "fixed":
+    _check_rule(rule)
+    if rule.startswith("fixed"):
         return peer_wait_s
-    if rule != "scaled":
-        raise ValueError(f"wait_rule must be one of {', '.join(WAIT_RULES)}, got {rule!r}")
     return peer_wait_s * max(0.0, math.log2(max(holders, 1) / SCALED_FROM_HOLDERS))

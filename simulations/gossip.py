@@ -4,8 +4,11 @@ The rule is the product's (`protocol/delta_sources.py`): a joining worker takes 
 (from a peer holding one within `max_gap`, else its trainer) and deltas from there; a running
 worker notices a new version at its next sync poll and asks the announced holders in random order
 (at most `max_peer_attempts` of them per update and catch-up), waiting a random share of
-`peer_wait_s` (`wait_rule` "scaled": of `delta_sources.wait_ceiling_s` for the previous version's
-reachable holders) for one to appear before it asks the trainer. Peers behind
+`peer_wait_s` (`wait_rule` "scaled*": of `delta_sources.wait_ceiling_s` for the previous version's
+reachable holders) for one to appear before it asks the trainer: it asks the first holder that
+announces, or under the "*-whole" rules (`delta_sources.waits_whole`) a random one of the holders
+announced when its wait ends. The snapshot a joiner takes is not waited for (the product waits up
+to `peer_wait_s` for a peer's snapshot; not modelled). Peers behind
 NAT accept no inbound stream, so they never announce and are never a source.
 
 Fetches fail as the product's do (network.fetch): a peer fetch after PEER_FETCH_TIMEOUT_S or when
@@ -246,9 +249,9 @@ _ANNOUNCE, _DECIDE, _DEADLINE = 0, 1, 2   # event kinds; at one instant an annou
 
 class _Round:
     """One version's spread as events on a heap: a worker decides (an announced holder, else wait
-    a random share of peer_wait_s, else the trainer), a holder announces (every waiting worker,
-    polling the DHT, sees it and asks it at once, as CatchUp._wait_for_holder does), a wait ends
-    (the trainer). A failed peer fetch: the next holder not failed with; a failed trainer fetch:
+    a random share of the wait rule's ceiling, else the trainer), a holder announces (every waiting
+    worker, polling the DHT, sees it and asks it at once, as CatchUp._wait_for_holder does; not under
+    a "*-whole" rule), a wait ends (a random announced holder under "*-whole", else the trainer). A failed peer fetch: the next holder not failed with; a failed trainer fetch:
     a new catch-up at the next sync poll (peers first, wait again)."""
 
     def __init__(self, spread: DeltaSpread, version: int, starts: list[tuple[float, Worker]]) -> None:
@@ -266,6 +269,7 @@ class _Round:
         self.announcing = 0                                 # announcements still on the heap
         self.wait_s = delta_sources.wait_ceiling_s(        # the ceiling of a wait for a holder
             spread.cfg.peer_wait_s, spread.cfg.wait_rule, len(spread.holders.get(version - 1, ())))
+        self.whole = delta_sources.waits_whole(spread.cfg.wait_rule)   # read the records when the wait ends
         for at, w in starts:
             self._push(at, _DECIDE, (w, 0))
 
@@ -316,8 +320,8 @@ class _Round:
 
     def _wake(self, at: float) -> None:
         """A holder announced: the waiting workers that can use it ask a holder now."""
-        if self.s.cfg.wait_whole:
-            return   # what-if: a waiting worker reads the records only when its wait ends
+        if self.whole:
+            return   # a waiting worker reads the records only when its wait ends
         for idx, (w, tries) in list(self.waiting.items()):
             if at >= w.leaves_s:
                 del self.waiting[idx]
@@ -329,7 +333,8 @@ class _Round:
                 self._fetch(w, src, at, tries)
 
     def _deadline(self, w: Worker, at: float) -> None:
-        """`w`'s wait for a holder ended: ask the trainer (unless the fan-out what-if refuses)."""
+        """`w`'s wait for a holder ended: ask the trainer (unless the fan-out what-if refuses); under
+        a "*-whole" rule, a random holder of those announced by now if any."""
         if w.idx not in self.waiting:
             return
         fanout = self.s.cfg.trainer_fanout
@@ -339,7 +344,7 @@ class _Round:
         if at >= w.leaves_s:
             return
         src = (self.s._pick(self.found, w, at, self.failed.get(w.idx, ()), self._left(w))
-               if self.s.cfg.wait_whole else None)
+               if self.whole else None)
         self.looked[w.idx] = at
         self._fetch(w, src, at, tries)
 

@@ -117,14 +117,12 @@ class Gossip(Strict):
     sync_poll_s: float = Field(0.5, gt=0, description="worker config sync_poll_s (prefetch of a newer version)")
     max_peer_attempts: int = Field(delta_sources.MAX_PEER_ATTEMPTS, ge=0, description="worker config "
                                    "max_peer_attempts: peers asked per update before the trainer (0: every holder)")
-    wait_rule: str = Field(delta_sources.WAIT_RULE, description="worker's CatchUp wait_rule: 'fixed' waits up to "
-                           "peer_wait_s for a holder, 'scaled' up to peer_wait_s * log2(previous version's holders "
-                           "/ 128) (delta_sources.wait_ceiling_s)")
+    wait_rule: str = Field(delta_sources.WAIT_RULE, description="worker config wait_rule (CatchUp): 'fixed*' wait "
+                           "up to peer_wait_s for a holder, 'scaled*' up to peer_wait_s * log2(previous version's "
+                           "holders / 128) (delta_sources.wait_ceiling_s); '*-whole' wait the whole drawn share, "
+                           "then ask a random holder, the others the first holder seen (delta_sources.waits_whole)")
     trainer_fanout: int = Field(0, ge=0, description="what-if: the trainer serves each delta to at most this many "
                                 "workers, the others wait for a peer (0: unlimited, the product today)")
-    wait_whole: bool = Field(False, description="what-if: a worker waiting for a holder waits its whole random "
-                             "share of peer_wait_s, then asks a random holder of those announced (the product "
-                             "today stops at the first holder it sees, so the waiting workers all ask that one)")
 
     @model_validator(mode="after")
     def _rule(self) -> Gossip:

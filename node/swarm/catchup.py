@@ -10,8 +10,11 @@ version asked for, and the from/to adapter hashes when applied. A peer that send
 does not verify only wastes bandwidth: the bytes are counted and the peer is dropped for the
 session. When no peer holds the next delta yet, the replica waits up to `peer_wait_s` (a random
 share of it, so the first fetches of a fresh version spread out) for one to announce it; with
-`wait_rule` "scaled" that ceiling grows with the holders of the previous version
-(`delta_sources.wait_ceiling_s`).
+`wait_rule` "scaled*" that ceiling grows with the holders of the previous version
+(`delta_sources.wait_ceiling_s`), and with "*-whole" the replica waits its whole drawn share, then
+reads the holder records and asks a random holder (`delta_sources.waits_whole`; otherwise it stops
+at the first holder record it sees). A replica holding nothing or too far behind waits up to
+`peer_wait_s` for a peer to announce a snapshot, stopping at the first (whatever the rule).
 
 Verified updates are kept by the gossip node and served to others.
 """
@@ -137,7 +140,8 @@ class CatchUp:
         far = delta_sources.needs_snapshot(self.replica.version, want, self.max_gap)
         if far and not self._snapshot_from_peers(want, holders):
             if self._left(_SNAPSHOT) != 0:   # peers left to ask: wait for one to announce a snapshot
-                holders = self._wait_for_holder(lambda h: self._near_snapshots(want, h), self.peer_wait_s)
+                holders = self._wait_for_holder(lambda h: self._near_snapshots(want, h), self.peer_wait_s,
+                                                whole=False)
             if not self._snapshot_from_peers(want, holders):
                 self._from_trainer(want, snapshot=True)
                 return
@@ -150,7 +154,9 @@ class CatchUp:
                 break
             ceiling = delta_sources.wait_ceiling_s(self.peer_wait_s, self.wait_rule,
                                                    len(holders.get((self.replica.version, False), [])))
-            holders, waited = self._wait_for_holder(functools.partial(self._candidates, key), ceiling), True
+            holders = self._wait_for_holder(functools.partial(self._candidates, key), ceiling,
+                                            whole=delta_sources.waits_whole(self.wait_rule))
+            waited = True
         if self.replica.version < want:
             self._from_trainer(want, snapshot=False)
 
@@ -165,13 +171,19 @@ class CatchUp:
             return {}
 
     def _wait_for_holder(
-        self, found: Callable[[dict[UpdateKey, list[Holder]]], Sequence[object]], ceiling_s: float
+        self, found: Callable[[dict[UpdateKey, list[Holder]]], Sequence[object]], ceiling_s: float, *, whole: bool
     ) -> dict[UpdateKey, list[Holder]]:
-        """Poll the holder records for a random share of `ceiling_s` until `found(holders)`."""
+        """Wait a random share of `ceiling_s` (`delta_sources.holder_wait_s`) for a holder: `whole`
+        (`delta_sources.waits_whole`), sleep all of it, then read the holder records once (the
+        caller asks a random holder of them); else poll the records every 0.1 s and stop as soon as
+        `found(holders)` (every worker waiting then asks the first holder that announced)."""
         holders: dict[UpdateKey, list[Holder]] = {}
         if self.gossip is None or ceiling_s <= 0:
             return holders
         deadline = time.monotonic() + delta_sources.holder_wait_s(ceiling_s, self.rng)
+        if whole:
+            time.sleep(max(0.0, deadline - time.monotonic()))
+            return self._holders()
         while time.monotonic() < deadline:
             time.sleep(0.1)
             holders = self._holders()

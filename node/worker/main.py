@@ -127,7 +127,8 @@ class Worker:
                 datasets=self.datasets, dataset_stats=self.dataset_stats,
                 max_message_mb=self.cfg.max_message_mb, grade_timeout_s=self.cfg.grade_timeout_s,
                 gossip=self.gossip, dht=self.dht if self.gossip is not None else None, max_gap=self.cfg.max_gap,
-                peer_wait_s=self.cfg.peer_wait_s, max_peer_attempts=self.cfg.max_peer_attempts)
+                peer_wait_s=self.cfg.peer_wait_s, max_peer_attempts=self.cfg.max_peer_attempts,
+                wait_rule=self.cfg.wait_rule)
         else:
             self.sessions[job_id].use_record(rec.record)
         return self.sessions[job_id]

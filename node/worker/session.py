@@ -67,7 +67,7 @@ class JobSession:
     def __init__(self, record: pb.JobRecord, *, identity: Identity, backend: InferenceBackend,
                  max_prompts: int, max_message_mb: int, grade_timeout_s: float, gossip: GossipNode | None = None,
                  dht: hivemind.DHT | None = None, max_gap: int = MAX_GAP, peer_wait_s: float = 1.0,
-                 max_peer_attempts: int = delta_sources.MAX_PEER_ATTEMPTS,
+                 max_peer_attempts: int = delta_sources.MAX_PEER_ATTEMPTS, wait_rule: str = delta_sources.WAIT_RULE,
                  datasets: DatasetStore | None = None, dataset_stats: DatasetFetchStats | None = None) -> None:
         self.spec = JobSpec.from_json(record.spec_json)
         self.identity, self.backend, self.max_prompts = identity, backend, max_prompts
@@ -87,7 +87,7 @@ class JobSession:
         self.sync = CatchUp(self.replica,
                             trainer_fetch=lambda req: self.stub.FetchAdapter(req, timeout=120, metadata=self.metadata),
                             signers=self.signers, gossip=gossip, dht=dht, max_gap=max_gap, peer_wait_s=peer_wait_s,
-                            max_peer_attempts=max_peer_attempts)
+                            max_peer_attempts=max_peer_attempts, wait_rule=wait_rule)
         self.loaded_version = -1   # the version the backend generates with
         self.grader = grader_for(self.spec, grade_timeout_s)
         self.stats = SessionStats()

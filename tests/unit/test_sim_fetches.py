@@ -93,6 +93,22 @@ def test_a_herd_on_the_first_holder_times_out_and_goes_to_the_trainer():
     assert s.reach_s["99"] < 30 + PEER_FETCH_TIMEOUT_S + 10
 
 
+def test_a_whole_wait_spreads_the_waiting_workers_over_the_holders():
+    """The same 200 workers under "fixed-whole" (the product's rule, delta_sources.waits_whole):
+    each reads the records when its drawn wait ends and asks a random holder announced by then, so
+    the sources are many and few fetches fail, where "fixed" sends every waiting worker to the
+    first holder."""
+    chosen = {}
+    failed = {}
+    for rule in ("fixed", "fixed-whole"):
+        g = spread(Uplink("na", 1000 * MBIT), Gossip(peer_wait_s=30.0, wait_rule=rule))
+        g.held[0] = {i: 0.0 for i in range(200)}
+        s = g.publish(1, 0.0, [worker(i) for i in range(200)])
+        assert len(g.held[1]) == 200
+        chosen[rule], failed[rule] = len({w.idx for w in g.sources_chosen}), s.failed_peer_fetches
+    assert chosen["fixed-whole"] > 3 * chosen["fixed"] and failed["fixed-whole"] < failed["fixed"] / 3
+
+
 # ---- at most max_peer_attempts peers per update, then the trainer (protocol/delta_sources.py)
 def test_ask_order_shuffles_and_keeps_at_most_limit():
     found = [SimHolder(f"p{i}", "trainer", worker(i), 0.0) for i in range(10)]
@@ -208,6 +224,11 @@ def test_a_booking_ahead_of_the_clock_does_not_delay_an_earlier_request():
 def test_the_scaled_wait_grows_per_doubling_of_the_previous_versions_holders():
     assert delta_sources.wait_ceiling_s(5.0, "fixed", 10_000) == 5.0
     assert [delta_sources.wait_ceiling_s(5.0, "scaled", n) for n in (0, 100, 128, 256, 1024)] == [0, 0, 0, 5, 15]
+    assert [delta_sources.wait_ceiling_s(5.0, "scaled-whole", n) for n in (100, 1024)] == [0, 15]
+    assert delta_sources.wait_ceiling_s(5.0, "fixed-whole", 10) == 5.0
+    assert [delta_sources.waits_whole(r) for r in delta_sources.WAIT_RULES] == [False, False, True, True]
+    with pytest.raises(ValueError, match="wait_rule"):
+        delta_sources.waits_whole("whole")
     with pytest.raises(ValueError, match="wait_rule"):
         delta_sources.wait_ceiling_s(5.0, "longer", 10)
     with pytest.raises(ValueError, match="peer_wait_s"):

@@ -5,6 +5,8 @@ error naming unreachable peers."""
 from __future__ import annotations
 
 import math
+import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -269,7 +271,8 @@ def test_the_wait_for_a_holder_scales_with_the_previous_versions_holders(publish
     trainer, store, _ = published
     _many_holders(monkeypatch, trainer.peer_id, [(0, False)], n=holders)
     asked: list[float] = []
-    monkeypatch.setattr(CatchUp, "_wait_for_holder", lambda self, found, ceiling_s: asked.append(ceiling_s) or {})
+    monkeypatch.setattr(CatchUp, "_wait_for_holder",
+                        lambda self, found, ceiling_s, whole: asked.append(ceiling_s) or {})
     cu = _catchup(_TimingOutGossip(), object(), TrainerFetch(store, 1), trainer, peer_wait_s=2.0,  # type: ignore[arg-type]
                   wait_rule=rule)
     cu.replica.apply(_received(store.snapshot(0)))
@@ -277,3 +280,50 @@ def test_the_wait_for_a_holder_scales_with_the_previous_versions_holders(publish
     assert asked == [pytest.approx(ceiling)] and cu.replica.version == 1 and cu.stats.trainer_updates == 1
     with pytest.raises(ValueError, match="wait_rule"):
         _catchup(_TimingOutGossip(), object(), TrainerFetch(store, 1), trainer, wait_rule="longer")  # type: ignore[arg-type]
+
+
+def _appearing_holders(monkeypatch, signer: str, prev: int) -> list[int]:
+    """Holder records that appear while a worker waits: `prev` holders of v0; of v1 none at the
+    first read, peer0 from then on, peer0..peer9 from 0.3 s after the first read. Returns the
+    reads (a counter)."""
+    from swarmrl.node.swarm import catchup
+    from swarmrl.node.swarm.holders import Holder
+
+    reads: list[float] = []
+
+    def holders(n: int) -> list[Holder]:
+        return [Holder(f"peer{i}", f"lp{i}".encode(), b"\0" * 32, 1, signer) for i in range(n)]
+
+    def find(dht, job_id):
+        now = time.monotonic()
+        reads.append(now)
+        n = 0 if len(reads) == 1 else 1 if now - reads[0] < 0.3 else 10
+        return {(0, False): holders(prev), (1, False): holders(n)}
+    monkeypatch.setattr(catchup, "find_holders", find)
+    return reads
+
+
+@pytest.mark.parametrize(("rule", "prev", "asked_peers", "reads"),
+                         [("fixed", 0, 1, None), ("fixed-whole", 0, 10, 2), ("scaled-whole", 300, 10, 2),
+                          ("scaled-whole", 100, 0, 1)])
+def test_a_whole_wait_reads_the_records_once_at_its_end_and_asks_among_all_holders(
+        published, monkeypatch, rule, prev, asked_peers, reads):
+    """v1's holders appear, one at once and ten after 0.3 s, while the worker waits (peer_wait_s 1,
+    a draw of 0.84 of the ceiling; every peer fetch times out). "fixed" polls and asks the first
+    holder it sees, then the trainer; the "*-whole" rules sleep their draw, read the records once
+    and ask all ten in random order; "scaled-whole" with 100 holders of v0 (under 128) waits
+    nothing and asks the trainer at once."""
+    trainer, store, states = published
+    seen = _appearing_holders(monkeypatch, trainer.peer_id, prev)
+    gossip = _TimingOutGossip()
+    cu = _catchup(gossip, object(), TrainerFetch(store, 1), trainer, peer_wait_s=1.0, wait_rule=rule,  # type: ignore[arg-type]
+                  rng=random.Random(0))
+    cu.replica.apply(_received(store.snapshot(0)))
+    cu.run(1)
+    assert len(gossip.asked) == asked_peers and len(set(gossip.asked)) == asked_peers
+    if asked_peers == 1:
+        assert gossip.asked[0][0] == b"lp0"
+    if reads is not None:
+        assert len(seen) == reads
+    assert cu.replica.version == 1 and cu.stats.trainer_updates == 1
+    assert cu.replica.hash == ad.adapter_hash(states[1])
