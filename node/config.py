@@ -165,6 +165,10 @@ class TrainerConfig(_Config):
     rate_limits: RateLimits = RateLimits()
     # "full": an admitted group survives power loss; "normal": a process crash only, less CPU (Ledger)
     ledger_sync: Literal["full", "normal"] = "full"
+    # a finished (trained or dropped) batch stays whole in the ledger this long, for validators'
+    # SampleAdmitted; then its token payloads are cleared and its expired lease deleted (rows stay:
+    # replay protection and counts). Ledger.compact
+    ledger_keep_s: float = Field(3600.0, ge=0)
 
     @field_validator("device")
     @classmethod

@@ -5,6 +5,13 @@ prompt itself is derived from (job seed, index). A lease that expires before its
 admitted returns its missing indices to the front of the queue. Several trainers of one job hand
 out disjoint indices: trainer `rank` of `count` hands out rank, rank + count, rank + 2*count, ...
 
+Bounded for a job that runs for days: the book holds its open leases (and their answered
+indices), the re-queued indices, and the admitted indices above the admitted prefix (every index
+of the shard below `admitted_below` was admitted; only those above it are kept one by one, so
+the set is the frontier of leases answered out of order, not the job's history). A closed
+lease is forgotten at once: whether a batch may still answer it is the caller's ledger and the
+lease's deadline (`protocol.admission.check_batch_envelope`), never this book.
+
 Pure (no network, no clock of its own: every time is a `now_ms` argument), so the trainer
 (`node/trainer/admission.py`) and the simulator (`simulations/trainer.py`) run the same book.
 """
@@ -16,6 +23,7 @@ import itertools
 import secrets
 import threading
 from collections import deque
+from collections.abc import Iterable
 
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
@@ -45,9 +53,10 @@ class LeaseBook:
         self.rank, self.count = rank, count
         self._next_index = max(next_index, rank)
         self._requeued: deque[int] = deque()
-        self._admitted: set[int] = set()  # indices answered under any lease (never re-issued)
+        self._admitted_below = self.rank   # every shard index below it was admitted (never re-issued)
+        self._admitted: set[int] = set()  # indices >= _admitted_below answered under any lease
         self._open: dict[str, pb.Lease] = {}
-        self._answered: dict[str, set[int]] = {}
+        self._answered: dict[str, set[int]] = {}   # open lease id -> its indices admitted so far
         self._unanswered = 0  # prompts of open leases not answered yet (open_prompts)
         self._of_peer: dict[str, dict[str, None]] = {}   # peer id -> its open lease ids, in issue order (open_of)
         self._deadlines: list[tuple[int, int, str]] = []  # (deadline_ms, seq, lease id) of leases issued (expire)
@@ -57,7 +66,7 @@ class LeaseBook:
     def restore(self, leases: list[pb.Lease], admitted: set[int]) -> None:
         """Rebuild state after a restart from the ledger's open leases and admitted indices."""
         with self._lock:
-            self._admitted |= admitted
+            self._admit(admitted)
             for lease in leases:
                 self._add(lease)
                 self._answered[lease.lease_id] = {i for i in lease.prompt_indices if i in admitted}
@@ -73,7 +82,7 @@ class LeaseBook:
             indices: list[int] = []
             while self._requeued and len(indices) < n:
                 index = self._requeued.popleft()
-                if index not in self._admitted:  # a revoked/expired lease may still have been answered
+                if not self._is_admitted(index):  # a revoked/expired lease may still have been answered
                     indices.append(index)
             while len(indices) < n:
                 indices.append(self._next_index)
@@ -87,6 +96,30 @@ class LeaseBook:
             self._unanswered += len(set(indices))
             return lease
 
+    def _is_admitted(self, index: int) -> bool:
+        """Whether `index` was admitted under any lease (caller holds the lock)."""
+        return index < self._admitted_below or index in self._admitted
+
+    def _admit(self, indices: Iterable[int]) -> None:
+        """Mark `indices` admitted, then fold the admitted prefix into `_admitted_below` (caller
+        holds the lock)."""
+        self._admitted.update(i for i in indices if i >= self._admitted_below and i % self.count == self.rank)
+        while self._admitted_below in self._admitted:
+            self._admitted.remove(self._admitted_below)
+            self._admitted_below += self.count
+
+    def admitted_below(self) -> int:
+        """The admitted prefix: every index of this book's shard below it was admitted."""
+        with self._lock:
+            return self._admitted_below
+
+    def held(self) -> dict[str, int]:
+        """Sizes of what the book holds (open leases, answered-index entries, admitted indices
+        kept one by one, re-queued indices, deadline heap), for bounds checks and metrics."""
+        with self._lock:
+            return {"open": len(self._open), "answered": len(self._answered), "admitted": len(self._admitted),
+                    "requeued": len(self._requeued), "deadlines": len(self._deadlines), "peers": len(self._of_peer)}
+
     def _add(self, lease: pb.Lease) -> None:
         """Open `lease` and index it by peer and deadline (caller holds the lock)."""
         self._open[lease.lease_id] = lease
@@ -99,20 +132,22 @@ class LeaseBook:
             return self._open.get(lease_id)
 
     def answered(self, lease_id: str) -> set[int]:
-        """The prompt indices admitted so far under lease `lease_id`."""
+        """The prompt indices admitted so far under open lease `lease_id` (empty once it closed)."""
         with self._lock:
             return set(self._answered.get(lease_id, ()))
 
     def record_answers(self, lease_id: str, indices: list[int]) -> bool:
-        """Mark indices admitted; returns True when the lease is now fully answered (and closed)."""
+        """Mark indices admitted (under lease `lease_id`, open or already closed); returns True
+        when the lease is now fully answered (and closed)."""
         with self._lock:
-            done = self._answered.setdefault(lease_id, set())
+            self._admit(indices)
             lease = self._open.get(lease_id)
-            if lease is not None:
-                self._unanswered -= len(set(indices).intersection(lease.prompt_indices) - done)
+            if lease is None:
+                return False
+            done = self._answered[lease_id]
+            self._unanswered -= len(set(indices).intersection(lease.prompt_indices) - done)
             done.update(indices)
-            self._admitted.update(indices)
-            if lease is not None and done >= set(lease.prompt_indices):
+            if done >= set(lease.prompt_indices):
                 self._forget(lease)
                 return True
             return False
@@ -135,20 +170,22 @@ class LeaseBook:
                     self._close(lid)
             return expired
 
-    def _forget(self, lease: pb.Lease) -> None:
-        """Drop `lease` from the open leases and the peer index (caller holds the lock; its
-        deadline stays on the heap until `expire` passes it)."""
+    def _forget(self, lease: pb.Lease) -> set[int]:
+        """Drop `lease` from the open leases, its answered indices and the peer index; returns
+        its answered indices (caller holds the lock; its deadline stays on the heap until
+        `expire` passes it)."""
         del self._open[lease.lease_id]
+        answered = self._answered.pop(lease.lease_id)
         mine = self._of_peer[lease.peer_id]
         del mine[lease.lease_id]
         if not mine:
             del self._of_peer[lease.peer_id]
+        return answered
 
     def _close(self, lease_id: str) -> None:
         """Drop open lease `lease_id` and re-queue its unanswered indices (caller holds the lock)."""
         lease = self._open[lease_id]
-        self._forget(lease)
-        answered = self._answered.get(lease_id, set())
+        answered = self._forget(lease)
         missing = [i for i in lease.prompt_indices if i not in answered]
         self._unanswered -= len(set(missing))
         self._requeued.extendleft(reversed(missing))

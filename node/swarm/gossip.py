@@ -58,9 +58,17 @@ class LoopThread:
 
 
 class UpdateCache:
-    """The signed updates a peer holds, per job: the newest deltas and snapshots (thread-safe)."""
+    """The signed updates a peer holds, per job: the newest `keep_deltas` deltas and
+    `keep_snapshots` snapshots (thread-safe). A count of 0 holds none of that kind (it never
+    means "all": every count is a bound).
+
+    Raises:
+        ValueError: a negative count.
+    """
 
     def __init__(self, keep_deltas: int = 16, keep_snapshots: int = 2) -> None:
+        if keep_deltas < 0 or keep_snapshots < 0:
+            raise ValueError(f"keep_deltas and keep_snapshots must be >= 0, got {keep_deltas}, {keep_snapshots}")
         self.keep = {False: keep_deltas, True: keep_snapshots}
         self._items: dict[str, dict[bool, OrderedDict[int, ReceivedUpdate]]] = {}
         self._lock = threading.Lock()
@@ -76,7 +84,7 @@ class UpdateCache:
             kinds = self._items.setdefault(h.job_id, {False: OrderedDict(), True: OrderedDict()})
             held = kinds[bool(h.snapshot)]
             held[int(h.to_version)] = update
-            for v in sorted(held)[:-self.keep[bool(h.snapshot)]]:
+            for v in sorted(held)[:max(0, len(held) - self.keep[bool(h.snapshot)])]:
                 del held[v]
 
     def get(self, job_id: str, version: int, snapshot: bool) -> ReceivedUpdate | None:

@@ -40,6 +40,7 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 
 log = logging.getLogger(__name__)
 STALE_AT_STEP = "stale_at_step"
+LEDGER_KEEP_MS = 3600 * 1000   # default of TrainerConfig.ledger_keep_s (tests check they agree)
 ReducerWrap = Callable[[GradientReducer], GradientReducer]
 
 
@@ -58,15 +59,19 @@ class JobRuntime:
     wrap_reducer: fault drills wrap the step's gradient reducer (`node.trainer.faults`); the
         step itself carries no drill.
     device: where the learner's model runs (`node.inference.device.resolve_device`).
+    ledger_keep_ms: how long a finished batch stays whole in the ledger after it arrived (for
+        validators' SampleAdmitted); each step then clears older ones (`compact_ledger`).
     """
 
     def __init__(
         self, job_id: str, spec: JobSpec, *, identity: Identity, model_path: Path, state_dir: Path, ledger: Ledger,
         prompt_shard: tuple[int, int] = (0, 1), probation_ms: int = 0, clock: Callable[[], float] = time.time,
         wrap_reducer: ReducerWrap | None = None, dataset: bytes | None = None, device: str = "cpu",
+        ledger_keep_ms: int = LEDGER_KEEP_MS,
     ) -> None:
         self.job_id, self.spec, self.identity, self.ledger = job_id, spec, identity, ledger
         self.probation_ms, self.clock, self.wrap_reducer = probation_ms, clock, wrap_reducer
+        self.ledger_keep_ms = ledger_keep_ms
         self.dir = state_dir / "jobs" / job_id
         self.dataset = dataset
         self.env = job_environment(spec, dataset)
@@ -193,18 +198,29 @@ class JobRuntime:
             return None
         if not metrics["stepped"]:
             self.ledger.mark([p.row_id for p in batch], "trained", step=self.version)
+            self.compact_ledger()
             self.batches_without_signal += 1
             log.info("job %s: a batch of %d groups carried no signal; version stays %d",
                      self.job_id[:12], len(batch), self.version)
             return None
         self.publish(self.learner.state())
         self.ledger.mark([p.row_id for p in batch], "trained", step=self.version)
+        self.compact_ledger()
         self.checkpoint()
         row = self._metrics_row(batch, metrics, time.monotonic() - t0)
         self.ledger.record_step(self.job_id, self.version, row)
         if self.done:
             self.export(self.dir / "final")
         return row
+
+    def compact_ledger(self) -> tuple[int, int]:
+        """Clear the job's finished batches older than `ledger_keep_ms` and delete its expired
+        closed leases (`Ledger.compact`); returns (batches cleared, leases deleted)."""
+        cleared, deleted = self.ledger.compact(self.job_id, self.now_ms() - self.ledger_keep_ms)
+        if cleared or deleted:
+            log.debug("job %s: ledger compacted (%d batches cleared, %d leases deleted)",
+                      self.job_id[:12], cleared, deleted)
+        return cleared, deleted
 
     def _reducer(self, has_groups: bool) -> GradientReducer | None:
         """The step's gradient reducer: averaging while cotrainers live, else the learner's own."""

@@ -2,6 +2,13 @@
 
 Admitted groups are committed (WAL, synchronous=FULL unless the operator chose NORMAL: see
 `Ledger`) before the worker's receipt is sent, so no acknowledged rollout is lost to a crash. Groups move pending -> trained | dropped.
+
+A job that runs for days keeps its ledger small with `compact`: a batch whose groups are all
+trained or dropped, received before a horizon, loses its token payloads (the batch envelope and
+its groups' blobs, most of the bytes) and a closed lease past its deadline is deleted once no
+whole batch names it. What stays, one small row each, is what replay protection and the counts
+need: every batch id (a replayed batch is refused `replay`), every admitted prompt index (never
+admitted twice), states, peers, rejections, verdicts. A pending group is never touched.
 """
 
 from __future__ import annotations
@@ -34,6 +41,9 @@ CREATE TABLE IF NOT EXISTS groups (
     policy_version INTEGER NOT NULL, grp BLOB NOT NULL, state TEXT NOT NULL DEFAULT 'pending',
     step INTEGER, note TEXT, UNIQUE (job_id, prompt_index));
 CREATE INDEX IF NOT EXISTS groups_pending ON groups (job_id, state, id);
+CREATE INDEX IF NOT EXISTS groups_batch ON groups (batch_seq);
+CREATE INDEX IF NOT EXISTS batches_lease ON batches (lease_id);
+CREATE INDEX IF NOT EXISTS batches_whole ON batches (job_id, received_ms) WHERE length(envelope) > 0;
 CREATE TABLE IF NOT EXISTS rejections (
     id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, peer_id TEXT NOT NULL,
     reason TEXT NOT NULL, at_ms INTEGER NOT NULL);
@@ -244,12 +254,14 @@ class Ledger:
         return Counter({s: n for s, n in rows})
 
     def batches_after(self, job_id: str, after_seq: int, limit: int) -> list[tuple[int, str, pb.Signed]]:
-        """Up to `limit` of the job's admitted batches with seq > `after_seq`, ascending.
+        """Up to `limit` of the job's admitted batches with seq > `after_seq`, ascending, those
+        cleared by `compact` left out.
 
         Each as (seq, lease_id, signed RolloutBatch envelope as received); for SampleAdmitted.
         """
         rows = self._query(
-            "SELECT seq, lease_id, envelope FROM batches WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+            "SELECT seq, lease_id, envelope FROM batches WHERE job_id = ? AND seq > ? AND length(envelope) > 0"
+            " ORDER BY seq LIMIT ?",
             (job_id, after_seq, limit),
         )
         return [(s, lease_id, pb.Signed.FromString(e)) for s, lease_id, e in rows]
@@ -262,6 +274,41 @@ class Ledger:
         """The recorded lease `lease_id` (open or closed), or None if unknown."""
         rows = self._query("SELECT lease FROM leases WHERE lease_id = ?", (lease_id,))
         return pb.Lease.FromString(rows[0][0]) if rows else None
+
+    def compact(self, job_id: str, before_ms: int) -> tuple[int, int]:
+        """Clear the token payloads of the job's finished batches received before unix ms
+        `before_ms`, then delete its closed leases whose deadline is before it and that no whole
+        batch names; one transaction. Returns (batches cleared, leases deleted).
+
+        A batch is finished when none of its groups is pending: a pending group (not trained or
+        dropped yet) keeps its batch whole, so no admitted rollout is lost. Replay protection
+        stays exact: batch ids and admitted prompt indices stay, and a batch naming a deleted
+        lease is refused (`unknown_lease`) as it was before (`lease_expired`: its deadline is
+        past). Cleared batches are no longer offered to validators (`batches_after`).
+        """
+        with self._tx() as db:
+            seqs = [s for (s,) in db.execute(
+                "SELECT seq FROM batches b WHERE job_id = ? AND length(envelope) > 0 AND received_ms < ?"
+                " AND NOT EXISTS (SELECT 1 FROM groups g WHERE g.batch_seq = b.seq AND g.state = 'pending')",
+                (job_id, before_ms))]
+            db.executemany("UPDATE groups SET grp = x'' WHERE batch_seq = ?", [(s,) for s in seqs])
+            db.executemany("UPDATE batches SET envelope = x'' WHERE seq = ?", [(s,) for s in seqs])
+            cur = db.execute(
+                "DELETE FROM leases WHERE job_id = ? AND open = 0 AND deadline_ms < ? AND NOT EXISTS"
+                " (SELECT 1 FROM batches b WHERE b.lease_id = leases.lease_id AND length(b.envelope) > 0)",
+                (job_id, before_ms))
+            return len(seqs), cur.rowcount
+
+    def stored_bytes(self, job_id: str) -> dict[str, int]:
+        """Rows and payload bytes the job holds: {"batches", "batch_bytes", "groups", "group_bytes",
+        "leases", "lease_bytes"} (for bounds checks and measurements)."""
+        out = {}
+        for table, blob, key in (("batches", "envelope", "batch_bytes"), ("groups", "grp", "group_bytes"),
+                                 ("leases", "lease", "lease_bytes")):
+            n, size = self._query(f"SELECT COUNT(*), COALESCE(SUM(length({blob})), 0) FROM {table} WHERE job_id = ?",
+                                  (job_id,))[0]
+            out[table], out[key] = int(n), int(size)
+        return out
 
     # ---- rejections, steps and verdicts
     def reject(self, job_id: str, peer_id: str, reason: str, now_ms: int, count: int = 1) -> None:

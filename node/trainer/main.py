@@ -64,7 +64,8 @@ class Trainer:
                              dataset=dataset,
                              ledger=self.ledger, prompt_shard=self.cfg.prompt_shard,
                              probation_ms=int(self.cfg.probation_s * 1000) if self.cfg.trusted_validators else 0,
-                             wrap_reducer=reducer_wrap(self.cfg.fault), device=self.cfg.device)
+                             wrap_reducer=reducer_wrap(self.cfg.fault), device=self.cfg.device,
+                             ledger_keep_ms=int(self.cfg.ledger_keep_s * 1000))
         runtime.store.retention = Retention(self.cfg.keep_versions, self.cfg.keep_snapshots, spec.max_async_level)
         if self.dht is not None:
             runtime.attach_swarm(JobSwarm(
