@@ -158,6 +158,34 @@ def _check_rewards(c: pb.Completion, lim: AdmissionLimits) -> str:
     return ""
 
 
+def _completions_admissible(cs: Sequence[pb.Completion], lease_version: int, current_version: int,
+                            lim: AdmissionLimits) -> bool:
+    """True only if `check_completion` passes every completion of `cs` (a single-turn job's):
+    the same checks in one loop that reads each field once (a repeated field copied out in one
+    call, `[:]`, then looped over in C), the per-token ones folded over the group. False when
+    any check fails or a figure needs the exact look (a non-finite sum, which a NaN reward may
+    legitimately cause; a multi-turn job): the caller then runs `check_completion` on each
+    completion for the reason, so both paths give the same verdict on every group."""
+    if lim.max_turns or not cs:
+        return False
+    top, n_rewards = lim.max_new_tokens, lim.num_reward_funcs
+    oldest = max(lease_version, current_version - lim.max_async_level)   # BELOW_LEASE_VERSION, STALE
+    top_ids, top_lps, totals, total = [], [], [], 0.0
+    for c in cs:
+        ids, lps, rewards = c.token_ids[:], c.logprobs[:], c.rewards[:]
+        n = len(ids)
+        if (not 0 < n <= top or len(lps) != n or c.turns or c.token_mask or c.finish_reason not in FINISH_REASONS
+                or not oldest <= c.policy_version <= current_version or len(rewards) != n_rewards):
+            return False
+        top_ids.append(max(ids))
+        top_lps.append(max(lps))
+        total += sum(lps) + sum(rewards)   # finite iff every term is (or an overflow: the exact look)
+        totals.append(c.reward)
+    lo, hi = lim.reward_range
+    return (max(top_ids) < lim.vocab_size and max(top_lps) <= 1e-4 and math.isfinite(total + sum(totals))
+            and lo - 1e-6 <= min(totals) and max(totals) <= hi + 1e-6)
+
+
 def check_group(
     group: pb.Group,
     lease: pb.Lease,
@@ -181,9 +209,11 @@ def check_group(
         return GROUP_SIZE
     if len(group.prompt_token_ids) > lim.max_prompt_tokens:
         return TOO_LONG
-    if list(group.prompt_token_ids) != list(expected_prompt_ids[idx]):
+    if group.prompt_token_ids[:] != list(expected_prompt_ids[idx]):
         return PROMPT_MISMATCH
-    for c in group.completions:
+    if _completions_admissible(group.completions, lease.policy_version, current_version, lim):
+        return ""
+    for c in group.completions:   # some check fails: find the first completion's reason
         reason = check_completion(c, lease, current_version, lim)
         if reason:
             return reason

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from peft import PeftModel
 
-from swarmrl.node.causal_lm import render_prompt, render_prompts, vocab_size
+from swarmrl.node.causal_lm import render_prompts, vocab_size
 from swarmrl.node.model_card import write_model_card
 from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.node.swarm.job_swarm import JobSwarm
@@ -41,6 +41,7 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 log = logging.getLogger(__name__)
 STALE_AT_STEP = "stale_at_step"
 LEDGER_KEEP_MS = 3600 * 1000   # default of TrainerConfig.ledger_keep_s (tests check they agree)
+_PROMPT_MEMO = 4096   # distinct prompts whose token ids JobRuntime.prompt_ids_of keeps
 ReducerWrap = Callable[[GradientReducer], GradientReducer]
 
 
@@ -78,6 +79,7 @@ class JobRuntime:
         self.learner = Learner(model_path, spec, device=device, token_budget=completion_budget(spec, self.env))
         self.store = AdapterStore(self.dir / "adapters", job_id, identity, codec=spec.delta_codec)
         self._prompt_ids: dict[int, list[int]] = {}
+        self._ids_by_prompt: dict[tuple[str, tuple[tuple[str, str], ...]], list[int]] = {}   # see prompt_ids_of
         self.lock = threading.RLock()
         self.version = 0
         self.head_hash = b""
@@ -134,19 +136,26 @@ class JobRuntime:
 
     def prompt_ids(self, index: int) -> list[int]:
         """Token ids of prompt `index`, derived from (job seed, index)."""
-        if index not in self._prompt_ids:
-            prompt = self.env.prompt(self.spec.seed, index)
-            self._prompt_ids[index] = render_prompt(self.learner.tokenizer, prompt, self.spec.chat_template)
-        return self._prompt_ids[index]
+        return self.prompt_ids_of((index,))[index]
 
     def prompt_ids_of(self, indices: Iterable[int]) -> dict[int, list[int]]:
         """index -> token ids of each prompt (`prompt_ids`), those not cached yet rendered in one
-        batched tokenizer call."""
+        batched tokenizer call. Indices showing a prompt (text and chat turns) rendered before,
+        for this or another index, reuse its ids: rendering is a pure function of the prompt,
+        and an environment drawing from a few hundred problems (the built-in arithmetic) shows
+        each many times. That memo keeps the last `_PROMPT_MEMO` distinct prompts."""
         todo = [i for i in dict.fromkeys(indices) if i not in self._prompt_ids]
         if todo:
-            prompts = [self.env.prompt(self.spec.seed, i) for i in todo]
-            for i, ids in zip(todo, render_prompts(self.learner.tokenizer, prompts, self.spec.chat_template)):
-                self._prompt_ids[i] = ids
+            prompts = {i: self.env.prompt(self.spec.seed, i) for i in todo}
+            keys = {i: (p.text, p.messages) for i, p in prompts.items()}
+            if len(self._ids_by_prompt) + len(keys) > _PROMPT_MEMO:
+                self._ids_by_prompt.clear()
+            fresh = {k: i for i, k in keys.items() if k not in self._ids_by_prompt}   # prompt -> an index showing it
+            if fresh:
+                ids = render_prompts(self.learner.tokenizer, [prompts[i] for i in fresh.values()], self.spec.chat_template)
+                self._ids_by_prompt.update(zip(fresh, ids, strict=True))
+            for i, k in keys.items():
+                self._prompt_ids[i] = self._ids_by_prompt[k]
         return {i: self._prompt_ids[i] for i in indices}
 
     # ---- batches

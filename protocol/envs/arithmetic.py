@@ -33,6 +33,8 @@ from __future__ import annotations
 import hashlib
 import random
 import re
+from functools import lru_cache
+from itertools import accumulate
 from typing import Any
 
 from swarmrl.protocol.envs.base import HELDOUT_START, Environment, PromptSpec, check_seed_index
@@ -80,12 +82,17 @@ def apply_op(a: int, op: str, b: int) -> int:
     raise ValueError(f"unknown operator {op!r}")
 
 
+_SHOTS = "".join(f"{x}{o}{y} = {apply_op(x, o, y)}\n" for x, o, y in FEW_SHOT)   # the few-shot block
+_NAMES = tuple(FAMILIES)
+_CUM_WEIGHTS = tuple(accumulate(FAMILIES[n][0] for n in _NAMES))   # what choices(names, weights) sums per call
+
+
 def format_prompt(a: int, op: str, b: int) -> str:
     """The prompt text: the few-shot block, then "a op b =" (the completion starts after '=')."""
-    shots = "".join(f"{x}{o}{y} = {apply_op(x, o, y)}\n" for x, o, y in FEW_SHOT)
-    return f"{shots}{a}{op}{b} ="
+    return f"{_SHOTS}{a}{op}{b} ="
 
 
+@lru_cache(maxsize=4096)   # a pure function of a few hundred problems, asked at every prompt
 def is_heldout_problem(a: int, op: str, b: int) -> bool:
     """Whether a problem belongs to the held-out split (a fixed hash of "a op b")."""
     digest = hashlib.sha256(f"arithmetic-v1:{a}{op}{b}".encode()).digest()
@@ -160,10 +167,8 @@ class ArithmeticEnv(Environment):
         check_seed_index(seed, index)
         rng = random.Random(f"arithmetic-v1:{seed}:{index}")
         heldout = index >= HELDOUT_START
-        names = list(FAMILIES)
-        weights = [FAMILIES[n][0] for n in names]
         while True:  # terminates: every family has problems in both splits (checked in tests)
-            family = rng.choices(names, weights)[0]
+            family = rng.choices(_NAMES, cum_weights=_CUM_WEIGHTS)[0]
             _, op, range_a, range_b = FAMILIES[family]
             a = rng.choice(range_a)
             b = rng.choice(range_b if op != "-" else range(range_b.start, min(range_b.stop, a + 1)))

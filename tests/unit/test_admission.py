@@ -1,6 +1,7 @@
 """The trainer's pure admission checks, one rejection reason each."""
 
 import math
+import random
 
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -81,3 +82,42 @@ def test_batch_envelope_checks():
     assert adm.check_batch_envelope(batch, "P", LEASE, now_ms=10, batch_seen=False, banned={"P"}) == adm.BANNED
     other = pb.Lease(lease_id="L", job_id="J", peer_id="Q", deadline_ms=1000)
     assert adm.check_batch_envelope(batch, "P", other, **ok) == adm.LEASE_PEER_MISMATCH
+
+
+def test_group_fast_path_gives_the_per_completion_verdict():
+    """check_group folds the completion checks over the group and looks completion by completion
+    only when that fails: on random groups with 0-3 faults each (NaN, infinities, bounds, exact
+    edges, traces on a single-turn job, failed grades) its verdict is always the first failing
+    completion's `check_completion` reason, or "" when every completion passes."""
+    rng = random.Random(11)
+    faults = [
+        ("token_ids", []), ("token_ids", [1, 2, 3, 4, 5]), ("token_ids", [4, 100]), ("token_ids", [99, 0]),
+        ("logprobs", [-0.5]), ("logprobs", [-0.5, math.nan]), ("logprobs", [math.inf, -1.0]),
+        ("logprobs", [-math.inf, -1.0]), ("logprobs", [-0.5, 0.5]), ("logprobs", [-0.5, 1e-4]),
+        ("logprobs", [-0.5, 2e-4]), ("logprobs", [-3e38, -3e38]), ("finish_reason", "eos?"), ("finish_reason", "length"),
+        ("policy_version", 1), ("policy_version", 2), ("policy_version", 4), ("policy_version", 5), ("policy_version", 9),
+        ("rewards", []), ("rewards", [math.nan]), ("rewards", [math.inf]), ("rewards", [-math.inf]), ("rewards", [1.0, 0.0]),
+        ("reward", math.nan), ("reward", math.inf), ("reward", -1.0), ("reward", 1.0 + 1e-7), ("reward", 1.0 + 1e-5),
+        ("reward", -1e-7), ("grade_error", "timeout"), ("token_mask", [1, 1]), ("turns", 1),
+    ]
+    lim = adm.AdmissionLimits(group_size=3, vocab_size=100, max_prompt_tokens=16, max_new_tokens=4,
+                              reward_range=(0.0, 1.0), num_reward_funcs=1, max_async_level=2)
+    seen = set()
+    for _ in range(3000):
+        completions = [_completion() for _ in range(lim.group_size)]
+        for _ in range(rng.choice((0, 0, 1, 1, 2, 3))):
+            field, value = rng.choice(faults)
+            c = rng.choice(completions)
+            if isinstance(value, list):
+                getattr(c, field)[:] = value
+            else:
+                setattr(c, field, value)
+        group = pb.Group.FromString(pb.Group(prompt_index=7, prompt_token_ids=PROMPT,
+                                             completions=completions).SerializeToString())
+        version = rng.choice((3, 4, 5, 6))
+        exact = next((r for c in group.completions if (r := adm.check_completion(c, LEASE, version, lim))), "")
+        got = adm.check_group(group, LEASE, current_version=version, expected_prompt_ids={7: PROMPT},
+                              already_admitted=set(), lim=lim)
+        assert got == exact, (got, exact, group)
+        seen.add(got)
+    assert "" in seen and len(seen) >= 12, seen   # both paths ran, on many kinds of fault

@@ -321,3 +321,24 @@ def test_a_batch_without_signal_publishes_nothing(tmp_path, model_cache, clock) 
     row = step_on([1.0, 0.0])
     assert row is not None and job.version == 4 and row["batches_without_signal"] == 1.0
     ledger.close()
+
+
+def test_prompt_ids_reuse_a_prompt_rendered_for_another_index(runtime, monkeypatch) -> None:
+    """The arithmetic environment shows the same problem at many indices: those render once, and
+    every index still gets exactly `render_prompt`'s ids, also after the memo of distinct
+    prompts fills up and starts over."""
+    from swarmrl.node.causal_lm import render_prompt
+    from swarmrl.node.trainer import job as job_module
+
+    job, _, _ = runtime
+    monkeypatch.setattr(job_module, "_PROMPT_MEMO", 50)
+    indices = list(range(400))
+    texts = [job.env.prompt(job.spec.seed, i).text for i in indices]
+    assert len(set(texts)) < len(texts)   # repeats, so the memo has something to do
+    got: dict[int, list[int]] = {}
+    for k in range(0, len(indices), 8):   # leases of 8, as admission asks
+        got.update(job.prompt_ids_of(indices[k:k + 8]))
+    tok = job.learner.tokenizer
+    assert got == {i: render_prompt(tok, job.env.prompt(job.spec.seed, i)) for i in indices}
+    assert len(job._ids_by_prompt) <= 50
+    assert job.prompt_ids(3) == render_prompt(tok, job.env.prompt(job.spec.seed, 3))
