@@ -116,7 +116,8 @@ class Admission:
     def admit(self, envelope: pb.Signed, max_bytes: int, *,
               on_verified: Callable[[str], None] | None = None) -> pb.BatchReceipt:
         """Verify and admit one signed rollout batch; every refusal is counted with its reason.
-        Admitted groups are in the ledger (durable) before the receipt is returned.
+        Admitted groups are in the ledger (durable) before the receipt is returned: the sync
+        waits outside the gate, so batches arriving together share one (`Ledger`).
 
         on_verified(signer): called once the signature verified, before anything is recorded
         (the service's per-peer rate limit; it may raise to refuse the call).
@@ -150,13 +151,15 @@ class Admission:
                     self._strike(signer, reason, batch.lease_id, count=max(1, len(batch.groups)))
                 return self._refuse(batch_id, signer, reason, max(1, len(batch.groups)))
             assert lease is not None
-            return self._admit_groups(batch_id, envelope, batch, lease, now)
+            receipt = self._admit_groups(batch_id, envelope, batch, lease, now)
+        self.ledger.sync()   # on disk before the receipt; outside the gate, so the next batch's commit shares the sync
+        return receipt
 
     def _admit_groups(self, batch_id: str, envelope: pb.Signed, batch: pb.RolloutBatch, lease: pb.Lease,
                       now: int) -> pb.BatchReceipt:
         """Check each group; record the batch, its admitted groups, its rejections and (when
-        every prompt of the lease is now answered) the lease's closing in ONE ledger transaction
-        (one fsync), then answer."""
+        every prompt of the lease is now answered) the lease's closing in ONE ledger transaction,
+        committed but not yet synced: the caller syncs it before answering."""
         expected = self.prompt_ids(lease.prompt_indices)
         taken = self.ledger.admitted_among(self.job_id, expected)
         verdicts, admitted, rejected = [], [], Counter[str]()
@@ -171,8 +174,8 @@ class Admission:
                 admitted.append(g)
                 taken.add(g.prompt_index)
         closes = bool(admitted) and taken >= set(lease.prompt_indices)
-        self.ledger.admit(batch_id, batch, envelope, admitted, now, close_lease=closes,   # durable before the receipt
-                          rejections=rejected)
+        self.ledger.admit(batch_id, batch, envelope, admitted, now, close_lease=closes,   # synced by `admit`
+                          rejections=rejected, sync=False)
         self.rejections_since_step += sum(rejected.values())
         if admitted:
             self.leases.record_answers(lease.lease_id, [g.prompt_index for g in admitted])

@@ -1,7 +1,8 @@
 """The trainer's ledger: SQLite, the durable record of jobs, leases, admitted groups and steps.
 
-Admitted groups are committed (WAL, synchronous=FULL unless the operator chose NORMAL: see
-`Ledger`) before the worker's receipt is sent, so no acknowledged rollout is lost to a crash. Groups move pending -> trained | dropped.
+Admitted groups are committed and on disk (WAL, synced by a group commit unless the operator
+chose "normal": see `Ledger`) before the worker's receipt is sent, so no acknowledged rollout is
+lost to a crash. Groups move pending -> trained | dropped.
 
 A job that runs for days keeps its ledger small with `compact`: a batch whose groups are all
 trained or dropped, received before a horizon, loses its token payloads (the batch envelope and
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from swarmrl.node.group_commit import GroupCommit
 from swarmrl.node.sqlite_store import connect
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
@@ -75,22 +77,30 @@ class PendingGroup:
 class Ledger:
     """Thread-safe SQLite ledger (one connection, serialized by a lock).
 
-    synchronous: "full" (default) syncs the write-ahead log at every commit, so an acknowledged
-    group survives a power loss or an OS crash. "normal" syncs only at checkpoints: a commit
-    still survives the trainer process crashing or being killed (it is in the OS's page cache),
-    but a power loss may roll back the last commits, i.e. lose groups whose workers were told
-    they were admitted. It costs less CPU per batch (benchmarks/admission_throughput.py) and is
-    the operator's call (TrainerConfig.ledger_sync); the default keeps the stronger promise.
+    synchronous: "full" (default): every write method returns only once its transaction is on
+    disk (the write-ahead log synced), so an acknowledged group survives a power loss or an OS
+    crash. The sync is a group commit (`node.group_commit`): transactions committed while one
+    sync runs share the next, so concurrent admissions need fewer than one sync each, and
+    `admit(sync=False)` lets the admission gate take the next batch while its own commit is
+    being synced (the caller then calls `sync()` before answering). "normal" never waits for
+    the disk: a commit still survives the trainer process crashing or being killed (it is in
+    the OS's page cache), but a power loss may roll back the last commits, i.e. lose groups
+    whose workers were told they were admitted. It costs less CPU per batch
+    (benchmarks/admission_throughput.py) and is the operator's call (TrainerConfig.ledger_sync);
+    the default keeps the stronger promise.
+
+    Raises (any write, with "full"): node.group_commit.WalSyncError when the log can't be
+    synced; from then on the ledger refuses every write (restart the trainer).
     """
 
     def __init__(self, path: Path, *, synchronous: Literal["full", "normal"] = "full") -> None:
         self._db = connect(path, SCHEMA, durable=True)
-        if synchronous == "normal":
-            self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")   # "full": GroupCommit syncs what COMMIT wrote
+        self._group = GroupCommit(path) if synchronous == "full" and str(path) != ":memory:" else None
         self._lock = threading.Lock()
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
+    def _tx(self, *, sync: bool = True) -> Iterator[sqlite3.Connection]:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -99,6 +109,17 @@ class Ledger:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+            ticket = self._group.committed() if self._group is not None else 0
+        if sync and self._group is not None:
+            self._group.wait(ticket)   # outside the lock: others commit meanwhile and share the next sync
+
+    def sync(self) -> None:
+        """Return once every transaction committed so far is on disk (with "full"; at once with
+        "normal"). Raises node.group_commit.WalSyncError as the write methods do."""
+        if self._group is not None:
+            with self._lock:
+                ticket = self._group.last()
+            self._group.wait(ticket)
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         with self._lock:
@@ -108,6 +129,8 @@ class Ledger:
         """Close the database connection; the ledger is unusable afterwards."""
         with self._lock:
             self._db.close()
+            if self._group is not None:
+                self._group.close()
 
     # ---- jobs
     def add_job(self, job_id: str, envelope: pb.Signed, created_ms: int) -> None:
@@ -148,17 +171,20 @@ class Ledger:
 
     def admit(
         self, batch_id: str, batch: pb.RolloutBatch, envelope: pb.Signed, groups: Iterable[pb.Group], now_ms: int,
-        *, close_lease: bool = False, rejections: Mapping[str, int] | None = None,
+        *, close_lease: bool = False, rejections: Mapping[str, int] | None = None, sync: bool = True,
     ) -> int:
         """Durably record a batch and its admitted groups in one transaction; returns its seq.
 
-        In the same transaction (one commit, one fsync per batch): the batch's rejected groups
+        In the same transaction (one commit; one sync, shared with concurrent commits): the batch's rejected groups
         (`rejections`: reason -> count, as `reject` records them) and, with `close_lease`, the
         closing of the lease it answered. A group's recorded policy version is the oldest of its
         completions'. Raises sqlite3.IntegrityError (and records nothing) if the batch id was
         recorded before or a group's prompt index was already admitted for the job.
+
+        sync=False returns once committed, before the commit is on disk: the caller must call
+        `sync()` before telling anyone the groups were admitted.
         """
-        with self._tx() as db:
+        with self._tx(sync=sync) as db:
             if rejections:
                 db.executemany("INSERT INTO rejections (job_id, peer_id, reason, at_ms) VALUES (?,?,?,?)",
                                [(batch.job_id, batch.peer_id, r, now_ms) for r, n in rejections.items() for _ in range(n)])
