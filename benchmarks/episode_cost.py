@@ -15,6 +15,7 @@ Usage (one torch thread, as each process of a local swarm has):
 
     .venv/bin/python benchmarks/episode_cost.py --model tiny --episodes 200
     .venv/bin/python benchmarks/episode_cost.py --model gemma --episodes 48 --envs calculator
+    PYTHONPATH=DIR .venv/bin/python benchmarks/episode_cost.py --model tiny --episodes 96 --envs wordle,vf_guess
 """
 
 from __future__ import annotations
@@ -49,18 +50,23 @@ JOBS = {   # the job settings of tests/fixtures/jobs/*_tiny.toml
                "episode": {"max_turns": 6, "max_tokens": 96, "max_observation_tokens": 16}},
     "calculator": {"sampling": {"max_new_tokens": 16, "stop": ["</calc>", "\n"]},
                    "episode": {"max_turns": 4, "max_tokens": 96, "max_observation_tokens": 16}},
+    # a verifiers MultiTurnEnv (tests/fixtures/vf_guess: pip install --no-deps --target DIR it, PYTHONPATH=DIR)
+    "vf_guess": {"sampling": {"max_new_tokens": 6, "stop": ["\n"]}, "version": "0.1.0",
+                 "episode": {"max_turns": 6, "max_tokens": 64, "max_observation_tokens": 16}},
 }
 
 
 def run_env(name: str, args: argparse.Namespace, backend, versions, model: str) -> dict:
-    spec = builtin_job(model, args.cache_dir, environment=name, env_version="1", group_size=args.group_size,
-                       max_prompt_tokens=512, **JOBS[name])
+    job = dict(JOBS[name])
+    version = job.pop("version", "1")
+    spec = builtin_job(model, args.cache_dir, environment=name, env_version=version, group_size=args.group_size,
+                       max_prompt_tokens=512, **job)
     env = get_environment(name)
     assert isinstance(env, EpisodeEnv)
     s = spec.sampling
     lease = pb.Lease(sampling=pb.SamplingParams(n=spec.group_size, max_new_tokens=s.max_new_tokens,
                                                 temperature=s.temperature, top_p=s.top_p, stop=list(s.stop)))
-    pool = GradingPool(name, "1", timeout_s=30.0)
+    pool = GradingPool(name, version, timeout_s=30.0)
     validator = Validator(backend, seen=SeenStore(":memory:"), reputation=Reputation(":memory:"),
                           sampling_key=os.urandom(32), settings=ValidatorSettings(base_rate=1.0, logprob=None),
                           grader_factory=lambda n, v: pool)

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Column
 
+from swarmrl.node.config import WorkerConfig
 from swarmrl.node.endpoints import collect_endpoints, describe, write_endpoints
 from swarmrl.node.jobs import builtin_job
 from swarmrl.node.local import LocalSwarm, SwarmFailed, signal_handler
@@ -144,6 +145,16 @@ def _start_trainers(swarm: LocalSwarm, names: list[str], keys: dict[str, Identit
     return [swarm.wait_ready(n, work / f"{n}.ready", timeout_s=300)["endpoint"] for n in names]
 
 
+def _job_environments(spec: JobSpec) -> list[str]:
+    """The worker setting that lets this run's workers play the job's installed environment when
+    it is not a built-in one (a worker runs only the environments its config lists; whoever runs
+    `swarmrl up JOB.toml` chose this one); [] otherwise."""
+    default = WorkerConfig.model_fields["environments"].default
+    if spec.dataset is not None or spec.environment in default:
+        return []
+    return [f"environments={json.dumps([*default, spec.environment])}"]
+
+
 def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path,
            dataset: bytes | None = None) -> dict[str, Any]:
     workers = [f"worker{i}" for i in range(opts.workers)]
@@ -151,6 +162,7 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path,
     trainers = trainer_names(max(1, opts.trainers))
     keys = _keys(work, ["submitter", *trainers, "validator", *workers, *adversaries])
     cache = [f"cache_dir={json.dumps(str(opts.cache_dir))}"] if opts.cache_dir else []
+    runs = _job_environments(spec)
     swarm.start("bootstrap", "bootstrap", [f"ready_file={json.dumps(str(work / 'bootstrap.ready'))}"])
     peers = swarm.wait_ready("bootstrap", work / "bootstrap.ready")["maddrs"]
     net = [f"net.initial_peers={json.dumps(peers)}"]
@@ -165,7 +177,7 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path,
         swarm.start(w, "worker", net + cache + prefer + [
             f"key={json.dumps(str(work / 'keys' / (w + '.key')))}", f"base_model={json.dumps(spec.base_model)}",
             f"ready_file={json.dumps(str(work / (w + '.ready')))}", "exit_when_done=true", "metrics_port=0",
-            f"threads={opts.threads.get('worker', 1)}", *opts.worker_overrides],
+            f"threads={opts.threads.get('worker', 1)}", *runs, *opts.worker_overrides],
             threads=opts.threads.get("worker", 1), nice=HELPER_NICE)
     vllm = f"backend={json.dumps('vllm')}" in opts.worker_overrides
     ready_s = VLLM_WORKER_READY_S if vllm else 300
@@ -177,7 +189,7 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path,
         swarm.start(a, "worker", net + cache + [
             f"key={json.dumps(str(work / 'keys' / (a + '.key')))}", f"base_model={json.dumps(spec.base_model)}",
             f"ready_file={json.dumps(str(work / (a + '.ready')))}", "exit_when_done=true", f"red_team={mode}",
-            "threads=1"], threads=1, nice=HELPER_NICE)
+            "threads=1", *runs], threads=1, nice=HELPER_NICE)
     with console.status(f"waiting for {len(workers) + len(adversaries)} workers to load {spec.base_model}"):
         for w in [*workers, *adversaries]:
             swarm.wait_ready(w, work / f"{w}.ready", timeout_s=ready_s)

@@ -1,4 +1,4 @@
-"""End to end on the built-in multi-turn jobs: `swarmrl up tests/fixtures/jobs/{wordle,calculator}_tiny.toml
+"""End to end on the multi-turn jobs: `swarmrl up tests/fixtures/jobs/{wordle,calculator,vf_guess}_tiny.toml
 --model tiny` (3 steps, real processes on loopback) trains with the validator checking episodes, and
 a forged_env_reply adversary on wordle is caught and banned."""
 
@@ -37,3 +37,13 @@ def test_forged_env_replies_are_caught_on_wordle(tmp_path: Path, model_cache: Pa
     summary = _up("wordle_tiny.toml", tmp_path / "drill", model_cache, "-j", "steps=8", "--red-team", "forged_env_reply")
     row = summary["red_team"]["forged_env_reply"]
     assert row["banned"] and summary["honest_banned"] == 0, row
+
+
+def test_a_verifiers_multiturn_job_trains_with_checked_episodes(tmp_path: Path, model_cache: Path,
+                                                                vf_guess_site: Path) -> None:
+    """tests/fixtures/vf_guess (a verifiers MultiTurnEnv, pip-installed) through the adapter: workers
+    play it, the validator replays every environment reply with verifiers' env_response."""
+    summary = _up("vf_guess_tiny.toml", tmp_path / "run", model_cache)
+    assert summary["steps"] == 3 and summary["final_version"] >= 1 and summary["adapter_hash_agreement"]
+    assert summary["groups_admitted"] > 0 and not summary["groups_rejected"]
+    assert summary["validator"]["checked"] > 0 and summary["validator"]["failed"] == 0

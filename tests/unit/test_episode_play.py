@@ -63,9 +63,9 @@ def world() -> World:
     return World(backend, InMemoryAdapters(JOB, {0: v0}))
 
 
-def job(env: str, stop: tuple[str, ...]) -> JobSpec:
-    return JobSpec(base_model="tiny", base_model_sha256="0" * 64, environment=env, seed=3, group_size=G,
-                   max_prompt_tokens=512, lora=LoraSpec(rank=4, alpha=8),
+def job(env: str, stop: tuple[str, ...], version: str = "1") -> JobSpec:
+    return JobSpec(base_model="tiny", base_model_sha256="0" * 64, environment=env, env_version=version, seed=3,
+                   group_size=G, max_prompt_tokens=512, lora=LoraSpec(rank=4, alpha=8),
                    sampling=SamplingSpec(temperature=1.0, max_new_tokens=6, stop=stop),
                    episode=EpisodeSpec(max_turns=3, max_tokens=40, max_observation_tokens=16))
 
@@ -95,8 +95,11 @@ def admitted(groups: list[pb.Group], seq: int) -> pb.AdmittedBatch:
                             admitted_prompt_indices=[g.prompt_index for g in groups])
 
 
-@pytest.fixture(scope="module", params=[("wordle", ("\n",)), ("calculator", ("</calc>", "\n"))], ids=lambda p: p[0])
+@pytest.fixture(scope="module", params=[("wordle", ("\n",)), ("calculator", ("</calc>", "\n")),
+                                        ("vf_guess", ("\n",), "0.1.0")], ids=lambda p: p[0])
 def episodes(request: pytest.FixtureRequest, world: World) -> Iterator[tuple[JobSpec, list[pb.Group]]]:
+    if request.param[0] == "vf_guess":   # a verifiers MultiTurnEnv (tests/fixtures/vf_guess); skips without verifiers
+        request.getfixturevalue("vf_guess_site")
     spec = job(*request.param)
     with GradingPool(spec.environment_id, spec.env_version, timeout_s=20.0) as pool:
         yield spec, play(world, spec, [0, 1], pool)
