@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from peft import PeftModel
 
-from swarmrl.node.causal_lm import render_prompt, render_prompts, vocab_size
+from swarmrl.node.causal_lm import render_prompts, vocab_size
 from swarmrl.node.model_card import write_model_card
 from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.node.swarm.job_swarm import JobSwarm
@@ -40,6 +40,7 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 
 log = logging.getLogger(__name__)
 STALE_AT_STEP = "stale_at_step"
+PROMPT_CACHE = 4096   # prompts' token ids kept (least recently used dropped first; JobRuntime.prompt_ids_of)
 LEDGER_KEEP_MS = 3600 * 1000   # default of TrainerConfig.ledger_keep_s (tests check they agree)
 ReducerWrap = Callable[[GradientReducer], GradientReducer]
 
@@ -77,7 +78,8 @@ class JobRuntime:
         self.env = job_environment(spec, dataset)
         self.learner = Learner(model_path, spec, device=device, token_budget=completion_budget(spec, self.env))
         self.store = AdapterStore(self.dir / "adapters", job_id, identity, codec=spec.delta_codec)
-        self._prompt_ids: dict[int, list[int]] = {}
+        self._prompt_ids: OrderedDict[int, list[int]] = OrderedDict()   # LRU of PROMPT_CACHE prompts
+        self._prompt_lock = threading.Lock()
         self.lock = threading.RLock()
         self.version = 0
         self.head_hash = b""
@@ -134,20 +136,32 @@ class JobRuntime:
 
     def prompt_ids(self, index: int) -> list[int]:
         """Token ids of prompt `index`, derived from (job seed, index)."""
-        if index not in self._prompt_ids:
-            prompt = self.env.prompt(self.spec.seed, index)
-            self._prompt_ids[index] = render_prompt(self.learner.tokenizer, prompt, self.spec.chat_template)
-        return self._prompt_ids[index]
+        return self.prompt_ids_of([index])[index]
 
     def prompt_ids_of(self, indices: Iterable[int]) -> dict[int, list[int]]:
-        """index -> token ids of each prompt (`prompt_ids`), those not cached yet rendered in one
-        batched tokenizer call."""
-        todo = [i for i in dict.fromkeys(indices) if i not in self._prompt_ids]
+        """index -> token ids of each prompt, derived from (job seed, index); those not cached
+        rendered in one batched tokenizer call. The cache keeps the `PROMPT_CACHE` prompts used
+        last: admission asks for a lease's prompts at each batch answering it, and an admitted
+        prompt is never asked for again, so it ages out (thread-safe)."""
+        wanted = list(dict.fromkeys(indices))
+        with self._prompt_lock:
+            out = {i: self._prompt_ids[i] for i in wanted if i in self._prompt_ids}
+        todo = [i for i in wanted if i not in out]
         if todo:
             prompts = [self.env.prompt(self.spec.seed, i) for i in todo]
-            for i, ids in zip(todo, render_prompts(self.learner.tokenizer, prompts, self.spec.chat_template)):
-                self._prompt_ids[i] = ids
-        return {i: self._prompt_ids[i] for i in indices}
+            out.update(zip(todo, render_prompts(self.learner.tokenizer, prompts, self.spec.chat_template)))
+        with self._prompt_lock:
+            for i in wanted:
+                self._prompt_ids[i] = out[i]
+                self._prompt_ids.move_to_end(i)
+            while len(self._prompt_ids) > PROMPT_CACHE:
+                self._prompt_ids.popitem(last=False)
+        return out
+
+    def cached_prompts(self) -> int:
+        """How many prompts' token ids the cache holds (at most `PROMPT_CACHE`)."""
+        with self._prompt_lock:
+            return len(self._prompt_ids)
 
     # ---- batches
     def ready(self) -> bool:
