@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -40,8 +40,9 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 
 log = logging.getLogger(__name__)
 STALE_AT_STEP = "stale_at_step"
+PROMPT_CACHE = 4096   # prompts' token ids kept by index (least recently used dropped first; JobRuntime.prompt_ids_of)
+_PROMPT_MEMO = 4096   # distinct prompts (text, chat turns) whose token ids JobRuntime.prompt_ids_of keeps
 LEDGER_KEEP_MS = 3600 * 1000   # default of TrainerConfig.ledger_keep_s (tests check they agree)
-_PROMPT_MEMO = 4096   # distinct prompts whose token ids JobRuntime.prompt_ids_of keeps
 ReducerWrap = Callable[[GradientReducer], GradientReducer]
 
 
@@ -78,8 +79,9 @@ class JobRuntime:
         self.env = job_environment(spec, dataset)
         self.learner = Learner(model_path, spec, device=device, token_budget=completion_budget(spec, self.env))
         self.store = AdapterStore(self.dir / "adapters", job_id, identity, codec=spec.delta_codec)
-        self._prompt_ids: dict[int, list[int]] = {}
+        self._prompt_ids: OrderedDict[int, list[int]] = OrderedDict()   # LRU of PROMPT_CACHE prompts
         self._ids_by_prompt: dict[tuple[str, tuple[tuple[str, str], ...]], list[int]] = {}   # see prompt_ids_of
+        self._prompt_lock = threading.Lock()
         self.lock = threading.RLock()
         self.version = 0
         self.head_hash = b""
@@ -136,27 +138,43 @@ class JobRuntime:
 
     def prompt_ids(self, index: int) -> list[int]:
         """Token ids of prompt `index`, derived from (job seed, index)."""
-        return self.prompt_ids_of((index,))[index]
+        return self.prompt_ids_of([index])[index]
 
     def prompt_ids_of(self, indices: Iterable[int]) -> dict[int, list[int]]:
-        """index -> token ids of each prompt (`prompt_ids`), those not cached yet rendered in one
-        batched tokenizer call. Indices showing a prompt (text and chat turns) rendered before,
-        for this or another index, reuse its ids: rendering is a pure function of the prompt,
-        and an environment drawing from a few hundred problems (the built-in arithmetic) shows
-        each many times. That memo keeps the last `_PROMPT_MEMO` distinct prompts."""
-        todo = [i for i in dict.fromkeys(indices) if i not in self._prompt_ids]
-        if todo:
+        """index -> token ids of each prompt, derived from (job seed, index); those not cached
+        rendered in one batched tokenizer call (thread-safe).
+
+        Two bounded caches: by index, the `PROMPT_CACHE` prompts used last (admission asks for a
+        lease's prompts at each batch answering it, and an admitted prompt is never asked for
+        again, so it ages out); by prompt (text and chat turns), the ids of up to `_PROMPT_MEMO`
+        distinct prompts, since rendering is a pure function of the prompt and an environment
+        drawing from a few hundred problems (the built-in arithmetic) shows each at many indices."""
+        wanted = list(dict.fromkeys(indices))
+        with self._prompt_lock:
+            out = {i: self._prompt_ids[i] for i in wanted if i in self._prompt_ids}
+            todo = [i for i in wanted if i not in out]
             prompts = {i: self.env.prompt(self.spec.seed, i) for i in todo}
             keys = {i: (p.text, p.messages) for i, p in prompts.items()}
             if len(self._ids_by_prompt) + len(keys) > _PROMPT_MEMO:
                 self._ids_by_prompt.clear()
-            fresh = {k: i for i, k in keys.items() if k not in self._ids_by_prompt}   # prompt -> an index showing it
-            if fresh:
-                ids = render_prompts(self.learner.tokenizer, [prompts[i] for i in fresh.values()], self.spec.chat_template)
-                self._ids_by_prompt.update(zip(fresh, ids, strict=True))
-            for i, k in keys.items():
-                self._prompt_ids[i] = self._ids_by_prompt[k]
-        return {i: self._prompt_ids[i] for i in indices}
+            known = {i: self._ids_by_prompt[k] for i, k in keys.items() if k in self._ids_by_prompt}
+        fresh = {k: i for i, k in keys.items() if i not in known}   # prompt -> an index showing it
+        rendered = dict(zip(fresh, render_prompts(self.learner.tokenizer, [prompts[i] for i in fresh.values()],
+                                                  self.spec.chat_template), strict=True)) if fresh else {}
+        with self._prompt_lock:
+            self._ids_by_prompt.update(rendered)
+            out.update({i: known[i] if i in known else rendered[keys[i]] for i in todo})
+            for i in wanted:
+                self._prompt_ids[i] = out[i]
+                self._prompt_ids.move_to_end(i)
+            while len(self._prompt_ids) > PROMPT_CACHE:
+                self._prompt_ids.popitem(last=False)
+        return out
+
+    def cached_prompts(self) -> int:
+        """How many prompts' token ids the by-index cache holds (at most `PROMPT_CACHE`)."""
+        with self._prompt_lock:
+            return len(self._prompt_ids)
 
     # ---- batches
     def ready(self) -> bool:
