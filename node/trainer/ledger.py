@@ -107,9 +107,7 @@ class Ledger:
         """Return once every transaction committed so far is on disk (with "full"; at once with
         "normal"). Raises node.group_commit.WalSyncError as the write methods do."""
         if self._group is not None:
-            with self._lock:
-                ticket = self._group.last()
-            self._group.wait(ticket)
+            self._group.wait(self._group.last())
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         with self._lock:
