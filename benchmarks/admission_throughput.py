@@ -1,8 +1,9 @@
 """Admission throughput (issue 11 item 8): signed rollout groups per second through the trainer's
-admission path (signature, lease, checks, ledger commit on disk), one thread, against the same
-path at an older commit in the same run.
+admission path (signature, lease, checks, ledger commit on disk), from one thread or several at
+once, against the same path at an older commit in the same run.
 
     .venv/bin/python benchmarks/admission_throughput.py                 # tiny model, vs 7a25018
+    .venv/bin/python benchmarks/admission_throughput.py --threads 8 --old-ref a251370
     .venv/bin/python benchmarks/admission_throughput.py --model gemma --repeats 5
 
 Many peers (`--peers`) each lease `--prompts` prompts and answer with one signed batch of G
@@ -12,6 +13,11 @@ Each repeat runs the old and the new code in fresh processes (the old from `git 
 --old-ref`), alternating, and prints groups per wall second and per CPU second (process time:
 the figure "on one core"), their medians and new/old ratios; the new code runs twice, with
 the ledger's default synchronous=FULL and with NORMAL (`Ledger` says what each promises).
+`--threads N` admits the batches from N threads at once, as the trainer's gRPC threads do when
+many workers submit together; the new code's FULL ledger then shares a WAL sync among batches
+committed while one runs (`node/group_commit.py`; syncs per batch are printed). Only the
+admission loop is timed: process CPU time from the first `admit` to the last receipt (with
+threads: the pool's threads, as the server's would be), nothing of building or signing.
 The wall figures move with whatever else the machine runs; CPU seconds much less.
 """
 

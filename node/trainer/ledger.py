@@ -81,6 +81,11 @@ class Ledger:
 
     Raises (any write, with "full"): node.group_commit.WalSyncError when the log can't be
     synced; from then on the ledger refuses every write (restart the trainer).
+
+    Reads (this connection) see a committed transaction before its sync ends, e.g. the next
+    batch's duplicate check sees the groups of one whose receipt waits for the sync, as it must.
+    A power cut in that window loses both the transaction and every answer that depended on
+    it, since none was sent yet.
     """
 
     def __init__(self, path: Path, *, synchronous: Literal["full", "normal"] = "full") -> None:
