@@ -1,8 +1,9 @@
 """Admission throughput (issue 11 item 8): signed rollout groups per second through the trainer's
-admission path (signature, lease, checks, ledger commit on disk), one thread, against the same
-path at an older commit in the same run.
+admission path (signature, lease, checks, ledger commit on disk), from one thread or several at
+once, against the same path at an older commit in the same run.
 
     .venv/bin/python benchmarks/admission_throughput.py                 # tiny model, vs 7a25018
+    .venv/bin/python benchmarks/admission_throughput.py --threads 8 --old-ref a251370
     .venv/bin/python benchmarks/admission_throughput.py --model gemma --repeats 5
 
 Many peers (`--peers`) each lease `--prompts` prompts and answer with one signed batch of G
@@ -12,6 +13,11 @@ Each repeat runs the old and the new code in fresh processes (the old from `git 
 --old-ref`), alternating, and prints groups per wall second and per CPU second (process time:
 the figure "on one core"), their medians and new/old ratios; the new code runs twice, with
 the ledger's default synchronous=FULL and with NORMAL (`Ledger` says what each promises).
+`--threads N` admits the batches from N threads at once, as the trainer's gRPC threads do when
+many workers submit together; the new code's FULL ledger then shares a WAL sync among batches
+committed while one runs (`node/group_commit.py`; syncs per batch are printed). Only the
+admission loop is timed: process CPU time from the first `admit` to the last receipt (with
+threads: the pool's threads, as the server's would be), nothing of building or signing.
 The wall figures move with whatever else the machine runs; CPU seconds much less.
 """
 
@@ -19,21 +25,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from old_code import OLD_REF, old_tree  # benchmarks/old_code.py (run as a script)
 
 
 def measure(model: str, peers: int, prompts: int, group_size: int, tokens: int, state: Path,
-            sync: str = "full") -> dict[str, float]:
+            sync: str = "full", threads: int = 1) -> dict[str, float]:
     """Admit `peers` signed batches on a fresh ledger under `state` (synchronous `sync`: only
-    the new code takes another than "full"); groups/s (wall and CPU)."""
+    the new code takes another than "full"), from `threads` threads at once; groups/s (wall
+    and CPU) and the ledger's WAL syncs per batch (new code, "full")."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
@@ -82,20 +91,28 @@ def measure(model: str, peers: int, prompts: int, group_size: int, tokens: int, 
 
         profile = cProfile.Profile()
         profile.enable()
+    group = getattr(ledger, "_group", None)   # the new code's group commit (None: old code, or "normal")
+    syncs0 = group.syncs if group is not None else 0
     t0, c0 = time.perf_counter(), time.process_time()
+    if threads == 1:
+        receipts = [job.admission.admit(envelope, 16 << 20) for envelope in envelopes]
+    else:   # the gRPC server's threads, each admitting one worker's batch
+        with ThreadPoolExecutor(threads) as pool:
+            receipts = list(pool.map(lambda envelope: job.admission.admit(envelope, 16 << 20), envelopes))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    syncs = group.syncs - syncs0 if group is not None else float("nan")
     admitted = 0
-    for envelope in envelopes:
-        receipt = job.admission.admit(envelope, 16 << 20)
+    for receipt in receipts:
         assert receipt.accepted, receipt.reason
         assert all(g.admitted for g in receipt.groups), [g.reason for g in receipt.groups]
         admitted += sum(g.admitted for g in receipt.groups)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     if profile is not None:
         profile.disable()
         profile.print_stats("tottime")
     assert admitted == peers * prompts, admitted
     ledger.close()
-    return {"groups": admitted, "tokens": tokens, "wall_s": wall, "cpu_s": cpu, "per_wall_s": admitted / wall, "per_cpu_s": admitted / cpu}
+    return {"groups": admitted, "tokens": tokens, "wall_s": wall, "cpu_s": cpu, "per_wall_s": admitted / wall,
+            "per_cpu_s": admitted / cpu, "syncs_per_batch": syncs / peers}
 
 
 def _child(args: argparse.Namespace, pythonpath: Path | None, sync: str = "full") -> dict[str, float]:
@@ -105,7 +122,7 @@ def _child(args: argparse.Namespace, pythonpath: Path | None, sync: str = "full"
             env["PYTHONPATH"] = f"{pythonpath}:{env.get('PYTHONPATH', '')}"
         cmd = [sys.executable, __file__, "--child", "--model", args.model, "--peers", str(args.peers), "--prompts",
                str(args.prompts), "--group-size", str(args.group_size), "--tokens", str(args.tokens), "--state", state,
-               "--sync", sync]
+               "--sync", sync, "--threads", str(args.threads)]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=state).stdout
         return dict(json.loads(out.strip().splitlines()[-1]))
 
@@ -119,6 +136,7 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=32, help="completion tokens (at most the job's max_new_tokens)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="threads admitting at once (the trainer's gRPC threads)")
     ap.add_argument("--old-ref", default=OLD_REF)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--sync", default="full", help=argparse.SUPPRESS)
@@ -126,7 +144,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         print(json.dumps(measure(args.model, args.peers, args.prompts, args.group_size, args.tokens, args.state,
-                                 args.sync)))
+                                 args.sync, args.threads)))
         return
     rows: dict[str, list[dict[str, float]]] = {"old": [], "new": [], "new-normal": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -136,10 +154,11 @@ def main() -> None:
                 rows[name].append(_child(args, path, sync))
                 f = rows[name][-1]
                 print(f"repeat {r + 1} {name}: {f['groups']:.0f} groups, {f['per_wall_s']:,.0f}/s wall, "
-                      f"{f['per_cpu_s']:,.0f}/CPU-s", flush=True)
+                      f"{f['per_cpu_s']:,.0f}/CPU-s, WAL syncs per batch {f.get('syncs_per_batch', math.nan):.2f}",
+                      flush=True)
     med = {n: {k: statistics.median(x[k] for x in v) for k in ("per_wall_s", "per_cpu_s")} for n, v in rows.items()}
     print(f"\n{args.model}: {args.peers} batches of {args.prompts} groups x G={args.group_size} x {args.tokens} tokens,"
-          f" (at most max_new_tokens), median of {args.repeats}")
+          f" (at most max_new_tokens), {args.threads} thread(s) admitting, median of {args.repeats}")
     print(f"old ({args.old_ref}): {med['old']['per_wall_s']:,.0f} groups/s wall, {med['old']['per_cpu_s']:,.0f} per CPU-s")
     for name in ("new", "new-normal"):
         m = med[name]

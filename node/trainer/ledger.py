@@ -91,6 +91,11 @@ class Ledger:
 
     Raises (any write, with "full"): node.group_commit.WalSyncError when the log can't be
     synced; from then on the ledger refuses every write (restart the trainer).
+
+    Reads (this connection) see a committed transaction before its sync ends, e.g. the next
+    batch's duplicate check sees the groups of one whose receipt waits for the sync, as it must.
+    A power cut in that window loses both the transaction and every answer that depended on
+    it, since none was sent yet.
     """
 
     def __init__(self, path: Path, *, synchronous: Literal["full", "normal"] = "full") -> None:
@@ -117,9 +122,7 @@ class Ledger:
         """Return once every transaction committed so far is on disk (with "full"; at once with
         "normal"). Raises node.group_commit.WalSyncError as the write methods do."""
         if self._group is not None:
-            with self._lock:
-                ticket = self._group.last()
-            self._group.wait(ticket)
+            self._group.wait(self._group.last())
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         with self._lock:
