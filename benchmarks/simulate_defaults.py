@@ -63,12 +63,11 @@ PEER_ATTEMPTS: list[tuple[str, dict[str, Any]]] = [
     *[(f"max_peer_attempts={n}", variant({"max_peer_attempts": n})) for n in (1, 2, 3, 4, 8, 16)],
 ]
 
-WAIT_RULE: list[tuple[str, dict[str, Any]]] = [
-    ("fixed, peer_wait_s=1 (before)", variant()),
-    *[(f"scaled, peer_wait_s={n}", variant({"wait_rule": "scaled", "peer_wait_s": float(n)})) for n in (1, 5)],
-    *[(f"scaled-whole, peer_wait_s={n}", variant({"wait_rule": "scaled-whole", "peer_wait_s": float(n)}))
-      for n in (1, 2, 5)],
-    ("fixed-whole, peer_wait_s=15", variant({"wait_rule": "fixed-whole", "peer_wait_s": 15.0})),
+WAIT_RULE: list[tuple[str, dict[str, Any]]] = [   # "RULE N": wait_rule RULE, peer_wait_s N
+    ("fixed 1 (before)", variant()),
+    *[(f"scaled {n}", variant({"wait_rule": "scaled", "peer_wait_s": float(n)})) for n in (1, 5)],
+    *[(f"scaled-whole {n}", variant({"wait_rule": "scaled-whole", "peer_wait_s": float(n)})) for n in (1, 2, 5)],
+    ("fixed-whole 15", variant({"wait_rule": "fixed-whole", "peer_wait_s": 15.0})),
 ]
 
 VARIANT_SETS = {"defaults": VARIANTS, "peer-attempts": PEER_ATTEMPTS, "wait-rule": WAIT_RULE}

@@ -81,11 +81,11 @@ def test_a_trainer_that_is_gone_is_retried_at_the_next_sync_poll_until_another_s
 
 
 def test_a_herd_on_the_first_holder_times_out_and_goes_to_the_trainer():
-    """peer_wait_s = 30: the waiting workers all see the first holder's record and ask it (as
+    """wait_rule "fixed", peer_wait_s = 30: the waiting workers all see the first holder's record and ask it (as
     CatchUp._wait_for_holder stops at the first record); those it can't serve within 30 s ask the
     trainer, so every worker holds the version and none waits for ever."""
     trainer = Uplink("na", 1000 * MBIT)
-    g = spread(trainer, Gossip(peer_wait_s=30.0))
+    g = spread(trainer, Gossip(peer_wait_s=30.0, wait_rule="fixed"))
     g.held[0] = {i: 0.0 for i in range(200)}
     live = [worker(i) for i in range(200)]
     s = g.publish(1, 0.0, live)

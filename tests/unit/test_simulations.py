@@ -70,7 +70,8 @@ def test_cheaters_banned_and_honest_peers_not():
 
 
 def test_nat_peers_never_serve_deltas():
-    sc = load_scenario(None, small(network={"nat_share": 0.5}, gossip={"peer_wait_s": 20.0}))
+    # "fixed": 40 workers are under the default rule's 128 holders, where it waits for no peer
+    sc = load_scenario(None, small(network={"nat_share": 0.5}, gossip={"peer_wait_s": 20.0, "wait_rule": "fixed"}))
     w = World(sc)
     w.run(sc.seconds, lambda: False)
     assert w.gossip.sources_chosen, "no peer served anything: the check would be empty"
