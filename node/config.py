@@ -218,6 +218,7 @@ class WorkerConfig(_Config):
     max_peer_attempts: int = Field(MAX_PEER_ATTEMPTS, ge=0)   # peers asked per update, then the trainer (0: all)
     sync_poll_s: float = Field(0.5, gt=0)   # how often to look for a newer version to prefetch
     keep_deltas: int = Field(16, ge=1)   # newest deltas kept (and served) per job
+    keep_jobs: int = Field(8, ge=1)      # jobs whose updates are kept (those updated last; swarm.gossip.UpdateCache)
     linger_s: float = Field(2.0, ge=0)   # with exit_when_done: keep serving this long after the last job
     prefer_trainer: str | None = None    # peer id of the trainer to follow when it serves the job
     metrics_port: int | None = Field(None, ge=0, le=65535)   # /metrics; None = off, 0 = any free port
