@@ -219,6 +219,7 @@ class WorkerConfig(_Config):
     wait_rule: str = WAIT_RULE           # how long to wait for a peer to hold a fresh delta (delta_sources.WAIT_RULES)
     sync_poll_s: float = Field(0.5, gt=0)   # how often to look for a newer version to prefetch
     keep_deltas: int = Field(16, ge=1)   # newest deltas kept (and served) per job
+    keep_jobs: int = Field(8, ge=1)      # jobs whose updates are kept (those updated last; swarm.gossip.UpdateCache)
     linger_s: float = Field(2.0, ge=0)   # with exit_when_done: keep serving this long after the last job
     prefer_trainer: str | None = None    # peer id of the trainer to follow when it serves the job
     metrics_port: int | None = Field(None, ge=0, le=65535)   # /metrics; None = off, 0 = any free port

@@ -56,11 +56,20 @@ TrainerFetch = Callable[[pb.AdapterRequest], Iterable[pb.AdapterChunk]]
 """The trainer's FetchAdapter call, e.g. `lambda req: stub.FetchAdapter(req, timeout=120)`."""
 
 
+HELD_AT_KEPT = 1024   # versions whose first-held time a replica keeps (the newest)
+PEERS_KEPT = 1024     # dropped peers, and peers with failed fetches, a replica remembers (the newest)
+FAILURES_TO_DROP = 3  # failed fetches (unreachable, stalled) after which a peer is dropped
+
+
 @dataclass
 class SyncStats:
     """Where a replica's bytes came from (payload bytes), and when it first held each version.
     `rejected`: verified (signed, hash-matching) updates whose delta payload was malformed
-    (`delta_codec.DeltaFormatError`), never applied."""
+    (`delta_codec.DeltaFormatError`), never applied.
+
+    Bounded for a worker that runs for days: `held_at` keeps the newest HELD_AT_KEPT versions,
+    `dropped_peers` the newest PEERS_KEPT drops (a forgotten liar costs one more wasted fetch
+    before it is dropped again), and the failed-fetch counts the newest PEERS_KEPT peers."""
 
     bytes_from_peers: int = 0
     bytes_from_trainer: int = 0
@@ -69,8 +78,36 @@ class SyncStats:
     trainer_updates: int = 0
     snapshots: int = 0
     rejected: int = 0
-    dropped_peers: set[str] = field(default_factory=set)
+    dropped_peers: dict[str, None] = field(default_factory=dict)   # in drop order (a set with an order)
     held_at: dict[int, float] = field(default_factory=dict)   # version -> unix seconds
+    _failures: dict[str, int] = field(default_factory=dict, repr=False)   # peer -> failed fetches, newest last
+
+    def note_held(self, version: int, at: float) -> None:
+        """Record when `version` was first held (unix seconds); forget the oldest beyond HELD_AT_KEPT."""
+        self.held_at.setdefault(version, at)
+        while len(self.held_at) > HELD_AT_KEPT:
+            del self.held_at[min(self.held_at)]
+
+    def drop(self, peer: str) -> None:
+        """Ask `peer` no more (it wasted bytes or failed too often); the oldest drop beyond
+        PEERS_KEPT is forgotten."""
+        self.dropped_peers.pop(peer, None)
+        self.dropped_peers[peer] = None
+        self._failures.pop(peer, None)
+        while len(self.dropped_peers) > PEERS_KEPT:
+            del self.dropped_peers[next(iter(self.dropped_peers))]
+
+    def failed(self, peer: str) -> bool:
+        """Count a failed fetch from `peer`; drops it at FAILURES_TO_DROP and returns True then.
+        The counts of the peers that failed longest ago beyond PEERS_KEPT are forgotten."""
+        n = self._failures.pop(peer, 0) + 1
+        if n >= FAILURES_TO_DROP:
+            self.drop(peer)
+            return True
+        self._failures[peer] = n
+        while len(self._failures) > PEERS_KEPT:
+            del self._failures[next(iter(self._failures))]
+        return False
 
     def report(self) -> dict[str, Any]:
         """The counters as a JSON-ready dict: dropped peers sorted, `held_at` as version string ->
@@ -104,7 +141,6 @@ class CatchUp:
         self.wait_rule = wait_rule
         self.rng = rng or random.Random()
         self.stats = SyncStats()
-        self._failures: dict[str, int] = {}
         self._asked: dict[UpdateKey, int] = {}   # peer fetches per update in the current run (snapshots: _SNAPSHOT)
         self._lock = threading.Lock()
 
@@ -230,9 +266,7 @@ class CatchUp:
         try:
             got = self.gossip.fetch(holder.libp2p_peer_id, req, maddrs=holder.maddrs)
         except Exception as exc:  # noqa: BLE001 - a peer can vanish or stall: try the next one
-            self._failures[holder.holder_id] = self._failures.get(holder.holder_id, 0) + 1
-            if self._failures[holder.holder_id] >= 3:
-                self.stats.dropped_peers.add(holder.holder_id)
+            self.stats.failed(holder.holder_id)
             log.debug("job %s: fetching v%d from %s failed: %r", self.job_id[:12], version, holder.holder_id[:8], exc)
             return False
         size = sum(len(c.data) for c in got)
@@ -276,7 +310,7 @@ class CatchUp:
 
     def _drop(self, holder: Holder, size: int, why: str) -> None:
         self.stats.wasted_bytes += size
-        self.stats.dropped_peers.add(holder.holder_id)
+        self.stats.drop(holder.holder_id)
         log.warning("job %s: dropping peer %s for this session: %s", self.job_id[:12], holder.holder_id[:12], why)
 
     # ---- trainer
@@ -306,6 +340,6 @@ class CatchUp:
             raise
         if update.header.snapshot:
             self.stats.snapshots += 1
-        self.stats.held_at.setdefault(self.replica.version, time.time())
+        self.stats.note_held(self.replica.version, time.time())
         if self.gossip is not None:
             self.gossip.hold(update)

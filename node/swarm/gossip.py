@@ -59,29 +59,37 @@ class LoopThread:
 
 class UpdateCache:
     """The signed updates a peer holds, per job: the newest `keep_deltas` deltas and
-    `keep_snapshots` snapshots (thread-safe). A count of 0 holds none of that kind (it never
-    means "all": every count is a bound).
+    `keep_snapshots` snapshots (thread-safe), for the `keep_jobs` jobs it received an update of
+    last (a finished job's final version is served until newer jobs push it out). A count of 0
+    holds none of that kind (it never means "all": every count is a bound).
 
     Raises:
-        ValueError: a negative count.
+        ValueError: a negative count, or keep_jobs < 1.
     """
 
-    def __init__(self, keep_deltas: int = 16, keep_snapshots: int = 2) -> None:
+    def __init__(self, keep_deltas: int = 16, keep_snapshots: int = 2, keep_jobs: int = 8) -> None:
         if keep_deltas < 0 or keep_snapshots < 0:
             raise ValueError(f"keep_deltas and keep_snapshots must be >= 0, got {keep_deltas}, {keep_snapshots}")
+        if keep_jobs < 1:
+            raise ValueError(f"keep_jobs must be >= 1, got {keep_jobs}")
         self.keep = {False: keep_deltas, True: keep_snapshots}
-        self._items: dict[str, dict[bool, OrderedDict[int, ReceivedUpdate]]] = {}
+        self.keep_jobs = keep_jobs
+        self._items: OrderedDict[str, dict[bool, OrderedDict[int, ReceivedUpdate]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def put(self, update: ReceivedUpdate) -> None:
         """Hold `update` under its header's job, `to_version` and kind (delta or snapshot).
 
         Replaces an update held for the same key, then evicts the oldest versions of that kind beyond
-        `keep_deltas` / `keep_snapshots`. The update is stored as given (verify it first).
+        `keep_deltas` / `keep_snapshots`, and the jobs beyond `keep_jobs` that got no update for
+        the longest. The update is stored as given (verify it first).
         """
         h = update.header
         with self._lock:
             kinds = self._items.setdefault(h.job_id, {False: OrderedDict(), True: OrderedDict()})
+            self._items.move_to_end(h.job_id)
+            while len(self._items) > self.keep_jobs:
+                self._items.popitem(last=False)
             held = kinds[bool(h.snapshot)]
             held[int(h.to_version)] = update
             for v in sorted(held)[:max(0, len(held) - self.keep[bool(h.snapshot)])]:

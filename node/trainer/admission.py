@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 
 from swarmrl.node.trainer.bans import BanBook
@@ -27,6 +27,7 @@ from swarmrl.protocol.verdicts import BAD_SIGNATURE_ON_OWN_LEASE, BAN_MS, BANNIN
 
 log = logging.getLogger(__name__)
 Clock = Callable[[], float]
+PEER_VERSIONS_KEPT = 10_000   # peers whose adapter version is remembered (those that asked last)
 
 
 class Admission:
@@ -50,7 +51,10 @@ class Admission:
         self.gate = threading.RLock()
         self.rejections_since_step = 0
         self.refused: Counter[str] = Counter()   # calls refused before admission (rate limits), by reason
-        self.peer_versions: dict[str, int] = {}   # peer -> adapter version it held at its last lease request
+        # peer -> adapter version it held at its last lease request, for the newest
+        # `peer_versions_kept` peers to ask (a peer id costs nothing to make: no entry per id ever seen)
+        self.peer_versions: OrderedDict[str, int] = OrderedDict()
+        self.peer_versions_kept = PEER_VERSIONS_KEPT
 
     def now_ms(self) -> int:
         """The injected clock in unix milliseconds."""
@@ -80,8 +84,8 @@ class Admission:
         else runs under the gate that a ban takes too.
         """
         now = self.now_ms()
-        self.peer_versions[peer_id] = int(req.adapter_version)
         with self.gate:
+            self._note_version(peer_id, int(req.adapter_version))
             self.bans.expire(now)
             if peer_id in self.banned:
                 return pb.LeaseReply(reason=adm.BANNED)
@@ -95,6 +99,14 @@ class Admission:
             lease = self.leases.issue(peer_id, n, self.version(), self.sampling(), now)
             self.ledger.add_lease(lease)
             return pb.LeaseReply(lease=lease)
+
+    def _note_version(self, peer_id: str, version: int) -> None:
+        """Remember the peer's adapter version, forgetting the peers that asked longest ago
+        beyond `peer_versions_kept` (caller holds the gate)."""
+        self.peer_versions[peer_id] = version
+        self.peer_versions.move_to_end(peer_id)
+        while len(self.peer_versions) > self.peer_versions_kept:
+            self.peer_versions.popitem(last=False)
 
     def expire_leases(self) -> None:
         """Close the leases past their deadline; their unanswered prompts go back to the queue."""

@@ -320,18 +320,33 @@ class Ledger:
                 "SELECT seq FROM batches b WHERE job_id = ? AND length(envelope) > 0 AND received_ms < ?"
                 " AND NOT EXISTS (SELECT 1 FROM groups g WHERE g.batch_seq = b.seq AND g.state = 'pending')",
                 (job_id, before_ms))]
-            db.executemany("UPDATE groups SET grp = x'' WHERE batch_seq = ?", [(s,) for s in seqs])
-            db.executemany("UPDATE batches SET envelope = x'' WHERE seq = ?", [(s,) for s in seqs])
+            self._clear(db, "groups", "grp", "batch_seq", seqs)
+            self._clear(db, "batches", "envelope", "seq", seqs)
             cur = db.execute(
                 "DELETE FROM leases WHERE job_id = ? AND open = 0 AND deadline_ms < ? AND NOT EXISTS"
                 " (SELECT 1 FROM batches b WHERE b.lease_id = leases.lease_id AND length(b.envelope) > 0)",
                 (job_id, before_ms))
             return len(seqs), cur.rowcount
 
+    @staticmethod
+    def _clear(db: sqlite3.Connection, table: str, blob: str, key: str, values: list[int]) -> None:
+        """Rewrite the rows of `table` whose `key` is in `values` with an empty `blob`, as a delete
+        and an insert of the same row: SQLite merges the leaf pages a delete leaves underfull,
+        where an UPDATE that shrinks a row in place leaves them near empty (a cleared group kept
+        its own 4 KiB page: benchmarks/long_run_memory.py)."""
+        cols = [c for (_, c, *_) in db.execute(f"PRAGMA table_info({table})")]
+        kept = ", ".join(c for c in cols if c != blob)
+        rows = [r for v in values for r in db.execute(f"SELECT {kept} FROM {table} WHERE {key} = ?", (v,))]
+        db.executemany(f"DELETE FROM {table} WHERE {key} = ?", [(v,) for v in values])
+        db.executemany(f"INSERT INTO {table} ({kept}, {blob}) VALUES ({', '.join('?' * (len(cols)))})",
+                       [(*r, b"") for r in rows])
+
     def stored_bytes(self, job_id: str) -> dict[str, int]:
         """Rows and payload bytes the job holds: {"batches", "batch_bytes", "groups", "group_bytes",
-        "leases", "lease_bytes"} (for bounds checks and measurements)."""
-        out = {}
+        "leases", "lease_bytes"}, and "db_bytes": the whole database's pages (every job), for
+        bounds checks and measurements."""
+        ((pages,),), ((size,),) = self._query("PRAGMA page_count"), self._query("PRAGMA page_size")
+        out = {"db_bytes": int(pages) * int(size)}
         for table, blob, key in (("batches", "envelope", "batch_bytes"), ("groups", "grp", "group_bytes"),
                                  ("leases", "lease", "lease_bytes")):
             n, size = self._query(f"SELECT COUNT(*), COALESCE(SUM(length({blob})), 0) FROM {table} WHERE job_id = ?",

@@ -277,8 +277,8 @@ class Worker:
 def run(cfg: WorkerConfig) -> None:
     """Start the worker and work until SIGTERM (or, with exit_when_done, until its jobs are done)."""
     stop, identity, dht = start_role("worker", cfg.key, cfg.net, cfg.threads)
-    gossip = (GossipNode(dht, identity, UpdateCache(keep_deltas=cfg.keep_deltas), dialable=not cfg.net.client_mode)
-              if cfg.gossip else None)
+    cache = UpdateCache(keep_deltas=cfg.keep_deltas, keep_jobs=cfg.keep_jobs)
+    gossip = GossipNode(dht, identity, cache, dialable=not cfg.net.client_mode) if cfg.gossip else None
     worker = Worker(cfg, identity, dht, gossip)
     ops = start_metrics(cfg.metrics_host, cfg.metrics_port, lambda: worker_metrics(worker))
     worker.ops_urls = metrics_urls(ops)

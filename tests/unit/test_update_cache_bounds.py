@@ -60,3 +60,22 @@ def test_the_default_is_bounded():
 def test_a_negative_count_is_refused():
     with pytest.raises(ValueError, match="keep_deltas"):
         UpdateCache(keep_deltas=-1)
+
+
+def _job_update(job: str, version: int) -> ReceivedUpdate:
+    payload = version.to_bytes(8, "little")
+    header = pb.AdapterUpdate(job_id=job, to_version=version, payload_sha256=hashlib.sha256(payload).digest())
+    return ReceivedUpdate(header, signing.sign(TRAINER, signing.ADAPTER_UPDATE, header), payload)
+
+
+def test_many_jobs_keep_those_updated_last():
+    cache = UpdateCache(keep_deltas=4, keep_jobs=3)
+    for j in range(40):   # a worker that runs for days sees job after job
+        for v in range(1, 10):
+            cache.put(_job_update(f"job-{j}", v))
+        cache.put(_job_update("long-job", j + 1))   # a job that runs throughout stays held
+    assert sorted(cache.jobs()) == ["job-38", "job-39", "long-job"]
+    assert cache.get("job-39", 9, snapshot=False) is not None and cache.get("job-37", 9, snapshot=False) is None
+    assert [h.version for h in cache.held("long-job")] == [37, 38, 39, 40]
+    with pytest.raises(ValueError, match="keep_jobs"):
+        UpdateCache(keep_jobs=0)
