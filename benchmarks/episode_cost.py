@@ -15,6 +15,10 @@ Usage (one torch thread, as each process of a local swarm has):
 
     .venv/bin/python benchmarks/episode_cost.py --model tiny --episodes 200
     .venv/bin/python benchmarks/episode_cost.py --model gemma --episodes 48 --envs calculator
+    .venv/bin/python benchmarks/episode_cost.py --model gemma --envs calculator --adapter RUN/adapter
+
+`--adapter` (a PEFT folder from `swarmrl up` or `fetch`, the job's LoRA shape) plays version 1
+with a trained adapter instead of a perturbed initialisation: a policy that uses the tool.
     PYTHONPATH=DIR .venv/bin/python benchmarks/episode_cost.py --model tiny --episodes 96 --envs wordle,vf_guess
 """
 
@@ -27,6 +31,7 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from validator_cost import admitted_batch  # benchmarks/validator_cost.py (run as a script)
 
 from swarmrl.node.episode_play import grade_rows
@@ -118,6 +123,7 @@ def main() -> None:
     ap.add_argument("--b-std", type=float, default=0.02)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cache-dir", type=Path, default=None)
+    ap.add_argument("--adapter", type=Path, default=None, help="a trained PEFT adapter folder as version 1")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     model = resolve_model_name(args.model)
@@ -128,6 +134,11 @@ def main() -> None:
     backend.remove_adapter("template")
     gen = torch.Generator().manual_seed(1)
     v1 = {k: v.float() + (args.b_std * torch.randn(v.shape, generator=gen) if "lora_B" in k else 0) for k, v in v0.items()}
+    if args.adapter is not None:
+        trained = {k: v.float() for k, v in load_file(str(args.adapter / "adapter_model.safetensors")).items()}
+        if set(trained) != set(v0) or any(trained[k].shape != v0[k].shape for k in v0):
+            raise SystemExit(f"{args.adapter}: not an adapter of the job's LoRA shape")
+        v1 = trained
     backend.add_slot(WORKER, lora)
     backend.set_adapter(WORKER, v1)
     for name in args.envs.split(","):
