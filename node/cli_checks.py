@@ -258,16 +258,21 @@ def _lazy_class(module: str, name: str) -> type | None:
     return getattr(sys.modules.get(module), name, None)
 
 
-def _unreachable(exc: BaseException) -> tuple[str, str] | None:
-    """(status code name in lower case, details) when `exc` is a gRPC call that failed because the
-    peer could not be reached (or did not answer in time); None for anything else."""
+def _failed_call(exc: BaseException, *codes: str) -> tuple[str, str] | None:
+    """(status code name in lower case, details) when `exc` is a gRPC call that failed with one of
+    `codes` (grpc.StatusCode names); None for anything else."""
     grpc = sys.modules.get("grpc")
     if grpc is None or not (isinstance(exc, grpc.RpcError) and isinstance(exc, grpc.Call)):
         return None
     call: Any = exc   # a grpc.Call (grpc ships no type information)
-    if call.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+    if call.code().name not in codes:
         return None
     return call.code().name.lower(), call.details()
+
+
+def _unreachable(exc: BaseException) -> tuple[str, str] | None:
+    """`_failed_call` for a peer that could not be reached (or did not answer in time)."""
+    return _failed_call(exc, "UNAVAILABLE", "DEADLINE_EXCEEDED")
 
 
 def describe_failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str] | None:
@@ -285,6 +290,10 @@ def describe_failure(exc: BaseException, args: argparse.Namespace) -> tuple[int,
         code, details = unreachable
         return EXIT_RUNTIME, (f"cannot reach {where} ({code}: {details}); "
                               "is it running, and is --trainer its HOST:PORT?")
+    if (overloaded := _failed_call(exc, "RESOURCE_EXHAUSTED")) is not None:   # after grpc_retry's retries
+        where = f"the trainer at {args.trainer}" if getattr(args, "trainer", None) else "the trainer"
+        code, details = overloaded
+        return EXIT_RUNTIME, f"{where} is overloaded ({code}: {details}); try again later"
     swarm_failed = _lazy_class("swarmrl.node.local", "SwarmFailed")
     if swarm_failed is not None and isinstance(exc, swarm_failed):
         return EXIT_RUNTIME, f"{str(exc).splitlines()[0]} (logs: {getattr(args, 'out', '.')}/run/logs/)"

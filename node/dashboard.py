@@ -141,10 +141,14 @@ def local_fetch(jobs: Callable[[], dict[str, Any]]) -> Fetch:
 
 
 def grpc_fetch(stub: pb_grpc.TrainerStub, timeout_s: float = 10.0) -> Fetch:
-    """Statuses over a trainer's gRPC `GetJobStatus` (`swarmrl dashboard`)."""
+    """Statuses over a trainer's gRPC `GetJobStatus` (`swarmrl dashboard`), each call retried with
+    backoff when the trainer refuses it as overloaded or can't be reached (`node.grpc_retry`; the
+    dashboard has no identity, so it names no peer)."""
+    from swarmrl.node.grpc_retry import call_with_backoff
+
     def fetch(job_id: str) -> pb.JobStatus | None:
-        st = stub.GetJobStatus(pb.JobStatusRequest(job_id=job_id, history=HISTORY, verdicts=VERDICTS, holders=True),
-                               timeout=timeout_s)
+        req = pb.JobStatusRequest(job_id=job_id, history=HISTORY, verdicts=VERDICTS, holders=True)
+        st = call_with_backoff(lambda: stub.GetJobStatus(req, timeout=timeout_s))
         return None if st.state == "unknown" else st
     return fetch
 

@@ -2,6 +2,11 @@
 
 torch, transformers and peft are imported only by the calls that need them (fetching and
 exporting an adapter), so `swarmrl status` and a failed `submit` answer quickly.
+
+Every call is retried with backoff when the trainer refuses it as overloaded or can't be reached
+(`node.grpc_retry`; after the last attempt it fails with `grpc_retry.GaveUp`); a submission names
+the job's signer as its peer (`swarmrl-peer` metadata). Status and downloads carry no identity
+(`swarmrl status` and `fetch` take no key), so they are anonymous.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from swarmrl.node import tls
+from swarmrl.node.grpc_guard import peer_metadata
 from swarmrl.node.grpc_options import channel_options
+from swarmrl.node.grpc_retry import call_with_backoff, stream_with_backoff
 from swarmrl.node.model_card import write_model_card
 from swarmrl.protocol import signing
 from swarmrl.protocol.identity import Identity
@@ -79,7 +86,9 @@ def submit_signed(endpoint: str, envelope: pb.Signed, timeout_s: float = 600, tl
     """
     from swarmrl.protocol.jobspec import job_id_from_body
 
-    ack: pb.JobAck = stub(endpoint, tls_sha256=tls_sha256).SubmitJob(envelope, timeout=timeout_s)
+    trainer = stub(endpoint, tls_sha256=tls_sha256)
+    meta = peer_metadata(signing.signer_id(envelope))
+    ack: pb.JobAck = call_with_backoff(lambda: trainer.SubmitJob(envelope, timeout=timeout_s, metadata=meta))
     if not ack.accepted:
         raise JobRefused(ack.reason)
     assert ack.job_id == job_id_from_body(envelope.body)
@@ -89,8 +98,9 @@ def submit_signed(endpoint: str, envelope: pb.Signed, timeout_s: float = 600, tl
 def job_status(endpoint: str, job_id: str, history: int = 0, timeout_s: float = 10,
                tls_sha256: bytes = b"") -> pb.JobStatus:
     """The trainer's view of a job (state, version, counters, recent steps)."""
-    status: pb.JobStatus = stub(endpoint, tls_sha256=tls_sha256).GetJobStatus(
-        pb.JobStatusRequest(job_id=job_id, history=history), timeout=timeout_s)
+    trainer = stub(endpoint, tls_sha256=tls_sha256)
+    status: pb.JobStatus = call_with_backoff(lambda: trainer.GetJobStatus(
+        pb.JobStatusRequest(job_id=job_id, history=history), timeout=timeout_s))
     return status
 
 
@@ -101,7 +111,8 @@ def fetch_snapshot(endpoint: str, job_id: str, trainer_public_key: bytes, versio
 
     replica = AdapterReplica(job_id, trainer_public_key)
     req = pb.AdapterRequest(job_id=job_id, want_version=version, snapshot=True)
-    for update in assemble(stub(endpoint, tls_sha256=tls_sha256).FetchAdapter(req, timeout=300), replica.trainer_id):
+    trainer = stub(endpoint, tls_sha256=tls_sha256)
+    for update in assemble(stream_with_backoff(lambda: trainer.FetchAdapter(req, timeout=300)), replica.trainer_id):
         replica.apply(update)
     if replica.state is None:
         raise RuntimeError(f"trainer at {endpoint} served no adapter for job {job_id}")
@@ -163,7 +174,8 @@ def _trainer_key(endpoint: str, job_id: str, status: pb.JobStatus, tls_sha256: b
 
 def _first_header(endpoint: str, job_id: str, tls_sha256: bytes = b"") -> pb.Signed:
     req = pb.AdapterRequest(job_id=job_id, snapshot=True)  # the head: always kept (retention.py)
-    chunks: Iterator[pb.AdapterChunk] = stub(endpoint, tls_sha256=tls_sha256).FetchAdapter(req, timeout=300)
+    trainer = stub(endpoint, tls_sha256=tls_sha256)
+    chunks: Iterator[pb.AdapterChunk] = stream_with_backoff(lambda: trainer.FetchAdapter(req, timeout=300))
     for chunk in chunks:
         if chunk.HasField("header"):
             return chunk.header
@@ -171,7 +183,8 @@ def _first_header(endpoint: str, job_id: str, tls_sha256: bytes = b"") -> pb.Sig
 
 
 def _spec_json(endpoint: str, job_id: str, tls_sha256: bytes = b"") -> str:
-    status: pb.JobStatus = stub(endpoint, tls_sha256=tls_sha256).GetJobStatus(pb.JobStatusRequest(job_id=job_id), timeout=10)
+    trainer = stub(endpoint, tls_sha256=tls_sha256)
+    status: pb.JobStatus = call_with_backoff(lambda: trainer.GetJobStatus(pb.JobStatusRequest(job_id=job_id), timeout=10))
     if not status.spec_json:
         raise RuntimeError("trainer did not return the job spec")
     return status.spec_json

@@ -1,5 +1,8 @@
 """The validator's network side: follow jobs' trainers, judge admitted batches, report verdicts.
 
+Every call to a trainer names this validator (`swarmrl-peer` metadata) and is retried with
+backoff when the trainer refuses it as overloaded or can't be reached (`node.grpc_retry`).
+
 One round per job: SampleAdmitted(after the saved cursor) -> GetJobStatus (the head, read after
 the batches were admitted) -> per batch: `Validator.validate_batch` -> sign a `VerdictReport`
 (domain "verdicts") -> ReportVerdicts -> advance the cursor. The cursor moves only after the
@@ -19,7 +22,9 @@ import grpc
 
 from swarmrl.node import tls
 from swarmrl.node.config import ValidatorConfig
+from swarmrl.node.grpc_guard import peer_metadata
 from swarmrl.node.grpc_options import channel_options
+from swarmrl.node.grpc_retry import call_with_backoff, stream_with_backoff
 from swarmrl.node.inference import build_backend
 from swarmrl.node.models import default_cache_dir, find_base_model_by_sha
 from swarmrl.node.swarm.datasets import DatasetStore, DatasetUnavailable, fetch_dataset
@@ -64,21 +69,25 @@ class JobWatch:
     model_sha: str
     refused_reported: bool = False
     env: Environment | None = None
+    metadata: tuple[tuple[str, str], ...] = ()   # every call's: the validator's peer id
 
     @classmethod
-    def open(cls, record: VerifiedRecord, *, max_message_mb: int, cache: SnapshotCache) -> JobWatch:
-        """Connect to the job's trainer (over TLS pinned by its record, when it has a fingerprint).
+    def open(cls, record: VerifiedRecord, *, max_message_mb: int, cache: SnapshotCache, peer_id: str = "") -> JobWatch:
+        """Connect to the job's trainer (over TLS pinned by its record, when it has a fingerprint),
+        naming ourselves as `peer_id` in every call ("" = anonymous).
         Raises ValueError when the record's spec does not parse or names an environment that is
         not installed here; tls.PinError when the trainer's pinned certificate can't be confirmed."""
         r = record.record
         spec = JobSpec.from_json(r.spec_json)
         channel = tls.channel(r.endpoint, bytes(r.tls_cert_sha256), channel_options(max_message_mb))
         stub = pb_grpc.TrainerStub(channel)
+        meta = peer_metadata(peer_id) if peer_id else ()
         dataset = None
         if spec.dataset is not None:   # by content address from the trainer, verified chunk by chunk
             try:
                 dataset = fetch_dataset(spec.dataset, DatasetStore(default_cache_dir() / "datasets"),
-                                        trainer_fetch=lambda req: stub.FetchDataset(req, timeout=FETCH_TIMEOUT_S),
+                                        trainer_fetch=lambda req: stream_with_backoff(
+                                            lambda: stub.FetchDataset(req, timeout=FETCH_TIMEOUT_S, metadata=meta)),
                                         trainer_name=r.trainer_id)
             except DatasetUnavailable as exc:
                 channel.close()
@@ -89,8 +98,9 @@ class JobWatch:
             channel.close()
             raise
         adapters = TrainerAdapters(r.job_id, record.trainer_public_key,
-                                   lambda req: stub.FetchAdapter(req, timeout=FETCH_TIMEOUT_S), cache)
-        return cls(record, spec, channel, stub, adapters, r.base_model_sha256.hex(), env=env)
+                                   lambda req: stream_with_backoff(
+                                       lambda: stub.FetchAdapter(req, timeout=FETCH_TIMEOUT_S, metadata=meta)), cache)
+        return cls(record, spec, channel, stub, adapters, r.base_model_sha256.hex(), env=env, metadata=meta)
 
     @property
     def job_id(self) -> str:
@@ -106,27 +116,33 @@ class JobWatch:
         """Up to MAX_BATCHES admitted batches after ledger sequence `after_seq`, oldest first.
 
         Raises:
-            grpc.RpcError: the trainer could not be reached (or did not answer in RPC_TIMEOUT_S).
+            grpc.RpcError: the trainer could not be reached (or did not answer in RPC_TIMEOUT_S);
+                `grpc_retry.GaveUp` (one) when it still refused or was unreachable after every retry.
         """
         req = pb.SampleRequest(job_id=self.job_id, after_seq=after_seq, max_batches=MAX_BATCHES)
-        return list(self.stub.SampleAdmitted(req, timeout=RPC_TIMEOUT_S))
+        return list(stream_with_backoff(lambda: self.stub.SampleAdmitted(req, timeout=RPC_TIMEOUT_S,
+                                                                          metadata=self.metadata)))
 
     def head_version(self) -> int:
         """The job's policy version at the trainer now.
 
         Raises:
-            grpc.RpcError: the trainer could not be reached (or did not answer in RPC_TIMEOUT_S).
+            grpc.RpcError: the trainer could not be reached (or did not answer in RPC_TIMEOUT_S);
+                `grpc_retry.GaveUp` (one) when it still refused or was unreachable after every retry.
         """
-        status: pb.JobStatus = self.stub.GetJobStatus(pb.JobStatusRequest(job_id=self.job_id), timeout=RPC_TIMEOUT_S)
+        status: pb.JobStatus = call_with_backoff(lambda: self.stub.GetJobStatus(
+            pb.JobStatusRequest(job_id=self.job_id), timeout=RPC_TIMEOUT_S, metadata=self.metadata))
         return int(status.policy_version)
 
     def report(self, envelope: pb.Signed) -> pb.VerdictAck:
         """Send a signed verdict report to the trainer; returns its acknowledgement.
 
         Raises:
-            grpc.RpcError: the trainer could not be reached (or did not answer in RPC_TIMEOUT_S).
+            grpc.RpcError: the trainer could not be reached (or did not answer in RPC_TIMEOUT_S);
+                `grpc_retry.GaveUp` (one) when it still refused or was unreachable after every retry.
         """
-        ack: pb.VerdictAck = self.stub.ReportVerdicts(envelope, timeout=RPC_TIMEOUT_S)
+        ack: pb.VerdictAck = call_with_backoff(
+            lambda: self.stub.ReportVerdicts(envelope, timeout=RPC_TIMEOUT_S, metadata=self.metadata))
         return ack
 
     def close(self) -> None:
@@ -220,7 +236,8 @@ class ValidatorService:
         if watch is not None:
             self.watches.pop(key).close()
         try:
-            watch = JobWatch.open(rec, max_message_mb=self.cfg.max_message_mb, cache=self.cache)
+            watch = JobWatch.open(rec, max_message_mb=self.cfg.max_message_mb, cache=self.cache,
+                                  peer_id=self.identity.peer_id)
         except ValueError as exc:
             log.warning("job %s: can't validate it: %s", key[0][:12], str(exc)[:200])
             self.unusable.add(key)

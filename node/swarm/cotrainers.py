@@ -13,7 +13,9 @@ converge on one adapter:
   side only) resolves towards the smaller trainer id: the other side adopts its state.
 
 A trainer adopts a cotrainer's adapter only through that cotrainer's signed updates
-(`fetch_chain`), re-signs them with its own key and serves them to its workers.
+(`fetch_chain`), re-signs them with its own key and serves them to its workers. Its calls to a
+cotrainer name it (`swarmrl-peer` metadata) and are retried with backoff when refused as
+overloaded or unreachable (`node.grpc_retry`).
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 
 import grpc
 
 from swarmrl.node import tls
+from swarmrl.node.grpc_guard import peer_metadata
 from swarmrl.node.grpc_options import channel_options
+from swarmrl.node.grpc_retry import Backoff, call_with_backoff, stream_with_backoff
 from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -35,6 +40,9 @@ from swarmrl.protocol.updates import ReceivedUpdate, assemble
 log = logging.getLogger(__name__)
 UNREACHABLE_S = 30.0
 PROBE_TIMEOUT_S = 3.0
+# a probe runs inside an averaging round: two tries, so a cotrainer that is only refusing for a
+# moment is not marked unreachable, without holding the round for long
+PROBE_BACKOFF = Backoff(attempts=2, base_s=0.25, max_s=0.5)
 
 
 @dataclass(frozen=True)
@@ -98,7 +106,9 @@ class Cotrainers:
         return min(split, key=lambda c: c.trainer_id) if split else None
 
     def probe(self, job_id: str, max_message_mb: int = 64) -> None:
-        """Ask every live cotrainer for its status; mark the ones that don't answer unreachable."""
+        """Ask every live cotrainer for its status (retried once if refused: `PROBE_BACKOFF`);
+        mark the ones that don't answer unreachable."""
+        meta = peer_metadata(self.my_id)
         for c in self.live():
             try:
                 channel = tls.channel(c.endpoint, c.tls_cert_sha256, channel_options(max_message_mb))
@@ -106,7 +116,8 @@ class Cotrainers:
                 self.mark_unreachable(c.trainer_id)
                 continue
             try:
-                pb_grpc.TrainerStub(channel).GetJobStatus(pb.JobStatusRequest(job_id=job_id), timeout=PROBE_TIMEOUT_S)
+                call_with_backoff(partial(pb_grpc.TrainerStub(channel).GetJobStatus, pb.JobStatusRequest(job_id=job_id),
+                                          timeout=PROBE_TIMEOUT_S, metadata=meta), PROBE_BACKOFF)
             except grpc.RpcError:
                 self.mark_unreachable(c.trainer_id)
             finally:
@@ -114,10 +125,12 @@ class Cotrainers:
 
 
 def fetch_chain(c: Cotrainer, job_id: str, *, have_version: int, have_hash: bytes, want_version: int,
-                max_gap: int = 8, max_message_mb: int = 64, timeout_s: float = 120.0) -> list[ReceivedUpdate]:
+                max_gap: int = 8, max_message_mb: int = 64, timeout_s: float = 120.0,
+                my_id: str = "") -> list[ReceivedUpdate]:
     """Signed updates from cotrainer `c` that take us from (have_version, have_hash) to
     `want_version`: its deltas when they chain from our hash (and are at most `max_gap`), else
-    its snapshot of `want_version`.
+    its snapshot of `want_version`. Asked as trainer `my_id` ("" = anonymous); each download's
+    opening is retried with backoff if refused (`grpc_retry.stream_with_backoff`).
 
     Raises:
         grpc.RpcError, tls.PinError: the cotrainer could not be reached (or not over its pinned TLS).
@@ -126,11 +139,13 @@ def fetch_chain(c: Cotrainer, job_id: str, *, have_version: int, have_hash: byte
     channel = tls.channel(c.endpoint, c.tls_cert_sha256, channel_options(max_message_mb))
     try:
         stub = pb_grpc.TrainerStub(channel)
+        meta = peer_metadata(my_id) if my_id else ()
 
         def ask(snapshot: bool) -> list[ReceivedUpdate]:
             req = pb.AdapterRequest(job_id=job_id, have_version=have_version, want_version=want_version,
                                     snapshot=snapshot, requester="trainer")
-            return list(assemble(stub.FetchAdapter(req, timeout=timeout_s), c.trainer_id))
+            return list(assemble(stream_with_backoff(lambda: stub.FetchAdapter(req, timeout=timeout_s, metadata=meta)),
+                                 c.trainer_id))
 
         updates = ask(False) if 0 < want_version - have_version <= max_gap else []
         if not _chains(updates, have_version, have_hash, want_version):

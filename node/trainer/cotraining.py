@@ -86,7 +86,7 @@ class CotrainerSync:
         source = self.swarm.cotrainers.get(shared.trainer_id) or target
         try:
             updates = fetch_chain(source, job.job_id, have_version=job.version, have_hash=job.head_hash,
-                                  want_version=shared.version)
+                                  want_version=shared.version, my_id=job.identity.peer_id)
             self.adopt(updates, shared)
         except (grpc.RpcError, ConnectionError, ad.AdapterError) as exc:   # ConnectionError: tls.PinError
             log.warning("job %s: adopting the state of %s failed: %s", job.job_id[:12], source.trainer_id[:12], exc)

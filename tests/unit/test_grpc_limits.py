@@ -207,6 +207,7 @@ def test_workers_back_off_with_jitter_on_overload_and_honour_the_hint():
         return out
     assert call_with_backoff(call, Backoff(attempts=4, base_s=0.25), sleep=slept.append) == "ok"
     assert 1.5 <= slept[0] <= 1.75 and 0 <= slept[1] <= 0.5
+    assert Backoff(max_hint_s=30).delay(0, 3600.0) <= 30.25   # a server can't park its clients for good
     with pytest.raises(grpc.RpcError):   # not an overload: no retry
         call_with_backoff(lambda: (_ for _ in ()).throw(_Refused(grpc.StatusCode.PERMISSION_DENIED)),
                           sleep=slept.append)
