@@ -74,7 +74,7 @@ class JobRuntime:
         self.learner = Learner(model_path, spec, device=device, token_budget=completion_budget(spec, self.env))
         self.store = AdapterStore(self.dir / "adapters", job_id, identity, codec=spec.delta_codec)
         self._prompt_ids: dict[int, list[int]] = {}
-        self._ids_by_prompt: dict[tuple[str, tuple[tuple[str, str], ...]], list[int]] = {}   # see prompt_ids_of
+        self._ids_by_prompt: dict[tuple[str, str], list[int]] = {}   # see prompt_ids_of
         self.lock = threading.RLock()
         self.version = 0
         self.head_hash = b""
@@ -135,14 +135,16 @@ class JobRuntime:
 
     def prompt_ids_of(self, indices: Iterable[int]) -> dict[int, list[int]]:
         """index -> token ids of each prompt (`prompt_ids`), those not cached yet rendered in one
-        batched tokenizer call. Indices showing a prompt (text and chat turns) rendered before,
-        for this or another index, reuse its ids: rendering is a pure function of the prompt,
-        and an environment drawing from a few hundred problems (the built-in arithmetic) shows
-        each many times. That memo keeps the last `_PROMPT_MEMO` distinct prompts."""
+        batched tokenizer call. Indices showing a prompt rendered before (the same text, and in a
+        chat job the same turns), for this or another index, reuse its ids: rendering is a pure
+        function of the prompt, and an environment drawing from a few hundred problems (the
+        built-in arithmetic) shows each many times. That memo keeps the last `_PROMPT_MEMO`
+        distinct prompts."""
         todo = [i for i in dict.fromkeys(indices) if i not in self._prompt_ids]
         if todo:
             prompts = {i: self.env.prompt(self.spec.seed, i) for i in todo}
-            keys = {i: (p.text, p.messages) for i, p in prompts.items()}
+            chat = self.spec.chat_template   # plain rendering reads the text only; a chat one the turns too
+            keys = {i: (p.text, repr(p.messages) if chat else "") for i, p in prompts.items()}
             if len(self._ids_by_prompt) + len(keys) > _PROMPT_MEMO:
                 self._ids_by_prompt.clear()
             fresh = {k: i for i, k in keys.items() if k not in self._ids_by_prompt}   # prompt -> an index showing it
