@@ -80,7 +80,7 @@ class JobRuntime:
         self.learner = Learner(model_path, spec, device=device, token_budget=completion_budget(spec, self.env))
         self.store = AdapterStore(self.dir / "adapters", job_id, identity, codec=spec.delta_codec)
         self._prompt_ids: OrderedDict[int, list[int]] = OrderedDict()   # LRU of PROMPT_CACHE prompts
-        self._ids_by_prompt: dict[tuple[str, tuple[tuple[str, str], ...]], list[int]] = {}   # see prompt_ids_of
+        self._ids_by_prompt: dict[tuple[str, str], list[int]] = {}   # see prompt_ids_of
         self._prompt_lock = threading.Lock()
         self.lock = threading.RLock()
         self.version = 0
@@ -154,7 +154,8 @@ class JobRuntime:
             out = {i: self._prompt_ids[i] for i in wanted if i in self._prompt_ids}
             todo = [i for i in wanted if i not in out]
             prompts = {i: self.env.prompt(self.spec.seed, i) for i in todo}
-            keys = {i: (p.text, p.messages) for i, p in prompts.items()}
+            chat = self.spec.chat_template   # plain rendering reads the text only; a chat one the turns too
+            keys = {i: (p.text, repr(p.messages) if chat else "") for i, p in prompts.items()}
             if len(self._ids_by_prompt) + len(keys) > _PROMPT_MEMO:
                 self._ids_by_prompt.clear()
             known = {i: self._ids_by_prompt[k] for i, k in keys.items() if k in self._ids_by_prompt}

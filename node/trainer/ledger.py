@@ -94,8 +94,9 @@ class Ledger:
 
     Reads (this connection) see a committed transaction before its sync ends, e.g. the next
     batch's duplicate check sees the groups of one whose receipt waits for the sync, as it must.
-    A power cut in that window loses both the transaction and every answer that depended on
-    it, since none was sent yet.
+    A write made on what it read lands later in the same log, so a power cut loses it too, and
+    its answer waits for its own sync; an answer that writes nothing (a validator's sample of
+    admitted batches, a lease refused as busy) may show such a transaction for that long.
     """
 
     def __init__(self, path: Path, *, synchronous: Literal["full", "normal"] = "full") -> None:
