@@ -63,6 +63,7 @@ CREATE INDEX IF NOT EXISTS verdicts_peer ON verdicts (job_id, peer_id, passed);
 CREATE TABLE IF NOT EXISTS strikes (
     job_id TEXT NOT NULL, peer_id TEXT NOT NULL, count INTEGER NOT NULL, PRIMARY KEY (job_id, peer_id));
 """
+COMPACT_BATCHES = 1000   # batches one Ledger.compact call clears at most
 
 
 @dataclass(frozen=True)
@@ -305,10 +306,12 @@ class Ledger:
         rows = self._query("SELECT lease FROM leases WHERE lease_id = ?", (lease_id,))
         return pb.Lease.FromString(rows[0][0]) if rows else None
 
-    def compact(self, job_id: str, before_ms: int) -> tuple[int, int]:
+    def compact(self, job_id: str, before_ms: int, *, limit: int = COMPACT_BATCHES) -> tuple[int, int]:
         """Clear the token payloads of the job's finished batches received before unix ms
-        `before_ms`, then delete its closed leases whose deadline is before it and that no whole
-        batch names; one transaction. Returns (batches cleared, leases deleted).
+        `before_ms` (the oldest `limit` of them: one call holds the ledger's lock briefly, a
+        backlog, e.g. an old ledger's first compaction, drains over calls), then delete its
+        closed leases whose deadline is before it and that no whole batch names; one
+        transaction. Returns (batches cleared, leases deleted).
 
         A batch is finished when none of its groups is pending: a pending group (not trained or
         dropped yet) keeps its batch whole, so no admitted rollout is lost. Replay protection
@@ -319,8 +322,8 @@ class Ledger:
         with self._tx() as db:
             seqs = [s for (s,) in db.execute(
                 "SELECT seq FROM batches b WHERE job_id = ? AND length(envelope) > 0 AND received_ms < ?"
-                " AND NOT EXISTS (SELECT 1 FROM groups g WHERE g.batch_seq = b.seq AND g.state = 'pending')",
-                (job_id, before_ms))]
+                " AND NOT EXISTS (SELECT 1 FROM groups g WHERE g.batch_seq = b.seq AND g.state = 'pending')"
+                " ORDER BY received_ms LIMIT ?", (job_id, before_ms, limit))]
             self._clear(db, "groups", "grp", "batch_seq", seqs)
             self._clear(db, "batches", "envelope", "seq", seqs)
             cur = db.execute(

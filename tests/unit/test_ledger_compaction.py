@@ -81,6 +81,17 @@ def test_a_long_job_keeps_the_window_whole_and_every_row_replay_needs(tmp_path):
     led.close()
 
 
+def test_a_backlog_drains_over_calls(tmp_path):
+    led = Ledger(tmp_path / "ledger.sqlite", synchronous="normal")
+    for n in range(25):
+        _admit(led, n, n * 1000)
+    led.mark([p.row_id for p in led.pending("J", 100)], "trained", step=1)
+    done = [led.compact("J", 10**9, limit=10) for _ in range(4)]
+    assert done == [(10, 10), (10, 10), (5, 5), (0, 0)]
+    assert led.stored_bytes("J")["group_bytes"] == 0 and led.batch_seen("b0") and led.batch_seen("b24")
+    led.close()
+
+
 def test_the_config_default_is_the_runtime_default():
     assert TrainerConfig().ledger_keep_s * 1000 == LEDGER_KEEP_MS
 
