@@ -1,6 +1,6 @@
 """Cost of `swarmrl simulate` for one simulated hour at 1k and 10k workers (100k with --big).
 
-    .venv/bin/python benchmarks/simulate_scale.py [--sizes 1000,10000,100000] [--hours 1]
+    .venv/bin/python benchmarks/simulate_scale.py [--sizes 1000,10000,100000] [--hours 1] [--wait-rule fixed]
 
 Scenario: simulations/scenarios/scale-10k.toml (4 trainers, 5% cheaters, high churn) with the
 worker count (and joins) scaled. Goal: 10,000 workers for one simulated hour within 5 minutes of
@@ -23,12 +23,15 @@ from pathlib import Path
 SCENARIO = Path(__file__).resolve().parents[1] / "simulations" / "scenarios" / "scale-10k.toml"
 
 
-def one(workers: int, hours: float) -> dict[str, float]:
-    """Run one size in this process; its figures."""
+def one(workers: int, hours: float, wait_rule: str = "") -> dict[str, float]:
+    """Run one size in this process (`wait_rule`: the workers' rule, "" the default); its figures."""
     from swarmrl.simulations.run import simulate
     from swarmrl.simulations.scenario import load_scenario
 
-    sc = load_scenario(SCENARIO, {"workers": workers, "hours": hours, "churn": {"joins_per_hour": 0.35 * workers}})
+    over: dict[str, object] = {"workers": workers, "hours": hours, "churn": {"joins_per_hour": 0.35 * workers}}
+    if wait_rule:
+        over["gossip"] = {"wait_rule": wait_rule}
+    sc = load_scenario(SCENARIO, over)
     c0, t0 = time.process_time(), time.monotonic()
     s = simulate(sc, None)
     cpu, wall = time.process_time() - c0, time.monotonic() - t0
@@ -45,17 +48,19 @@ def main() -> None:
     ap.add_argument("--sizes", default="1000,10000")
     ap.add_argument("--big", action="store_true", help="add 100,000 workers")
     ap.add_argument("--hours", type=float, default=1.0)
+    ap.add_argument("--wait-rule", default="", help="the workers' wait rule (delta_sources.WAIT_RULES; default: WAIT_RULE)")
     ap.add_argument("--one", type=int, default=0, help=argparse.SUPPRESS)   # a child: one size, JSON out
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(args.one, args.hours)))
+        print(json.dumps(one(args.one, args.hours, args.wait_rule)))
         return
     sizes = [int(n) for n in args.sizes.split(",")] + ([100_000] if args.big else [])
     print("| workers | CPU s / simulated h | wall s | events | events per CPU s | peak MB | versions | "
           "groups admitted | wasted | reach-95% p50 s | failed fetches |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for n in sizes:
-        out = subprocess.run([sys.executable, __file__, "--one", str(n), "--hours", str(args.hours)],
+        out = subprocess.run([sys.executable, __file__, "--one", str(n), "--hours", str(args.hours),
+                              "--wait-rule", args.wait_rule],
                              check=True, capture_output=True, text=True).stdout
         r = json.loads(out.strip().splitlines()[-1])
         print(f"| {n:,} | {r['cpu_s'] / args.hours:.1f} | {r['wall_s']:.0f} | {r['events']:,} "

@@ -101,7 +101,8 @@ holder), "*-whole" at the end of its drawn wait, then it reads the records and a
 `benchmarks/simulate_defaults.py --variants wait-rule`, int4 deltas, peer_wait_s 1, 2 seeds, 1
 simulated hour): at 1,000 workers reach-95% p50 32 -> 24 s (x0.75 calm and high-churn), the
 trainers' share of the delta bytes 0.71 -> 0.37, failed fetches per version 97 -> 29, groups
-trained and versions per hour unchanged; at 400 workers reach-95% 26 -> 10 s, groups/h x1.01; below
+trained and versions per hour unchanged; at 400 workers reach-95% 26 -> 10 s, groups/h x1.01; at
+10,000 (scale-10k, seed 0) versions/h 100 -> 265, reach-95% 76 -> 32 s, failed fetches 18k -> 129k; below
 128 holders (a local swarm) it waits nothing (simulated local-tiny 23.8 -> 27.0 steps/min,
 local-gemma 8.8 both, the peers serving less)."""
 SCALED_FROM_HOLDERS = 128
