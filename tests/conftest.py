@@ -24,6 +24,13 @@ import torch
 
 torch.set_num_threads(1)
 
+# Tests send SIGINT to processes they start, as Ctrl-C in a terminal would. A suite started as a
+# background job of a non-interactive shell (`make test &`, nohup) inherits SIGINT *ignored*, and
+# every child would inherit that too and never see the signal; a handler here (not SIG_IGN) is
+# reset to the default at each child's exec, so children get the terminal's behaviour.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 @pytest.fixture(scope="session")
 def model_cache() -> Path:
