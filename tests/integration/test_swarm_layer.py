@@ -124,18 +124,25 @@ def sw(tmp_path_factory, model_cache) -> Swarm:
 
 
 def test_trainers_average_and_agree_on_every_version(sw: Swarm):
+    """The trainers average and publish the same adapter at each version. A round hivemind can't
+    finish (e.g. "received 91.2% results") makes each trainer step on its own gradient, so that
+    version differs until the split resolves towards the smaller trainer id (`node/swarm/
+    cotrainers.py`): allowed only as a rare, resolved split, i.e. a later version they agree on."""
     wait_for(lambda: min(sw.status(t).policy_version for t in TRAINERS[:2]) >= 3, 150, "three versions")
     seen: dict[str, dict[int, bytes]] = {t: {} for t in TRAINERS[:2]}
-    deadline = time.monotonic() + 6
-    while time.monotonic() < deadline:
+    start = time.monotonic()
+    while True:
         for t in TRAINERS[:2]:
             st = sw.status(t)
             seen[t][int(st.policy_version)] = bytes(st.adapter_hash)
+        common = set(seen["trainer0"]) & set(seen["trainer1"])
+        agree = sorted(v for v in common if seen["trainer0"][v] == seen["trainer1"][v])
+        differ = sorted(v for v in common if seen["trainer0"][v] != seen["trainer1"][v])
+        if time.monotonic() - start >= 6 and len(agree) >= 2 and (not differ or agree[-1] > differ[-1]):
+            break
+        assert time.monotonic() - start < 90, f"the trainers did not (re)converge: agree {agree}, differ {differ}"
         time.sleep(0.2)
-    common = set(seen["trainer0"]) & set(seen["trainer1"])
-    assert len(common) >= 2, seen
-    for v in common:
-        assert seen["trainer0"][v] == seen["trainer1"][v], f"trainers disagree at version {v}"
+    assert len(differ) <= 1, f"trainers disagree at versions {differ} (agree at {agree})"
     for t, other in (("trainer0", "trainer1"), ("trainer1", "trainer0")):
         st = sw.status(t)
         assert st.averaging_rounds >= 2 and sw.keys[other].peer_id in st.cotrainers
