@@ -125,7 +125,12 @@ def test_dashboard_in_a_browser(swarm) -> None:
                 assert _get(url + "?steps=x")[0] == 400 and _get(url[: -len(job_id)] + "0" * 32)[0] == 404
             finally:
                 remote.send_signal(signal.SIGINT)
-                remote.wait(30)
+                try:
+                    remote.wait(30)
+                except subprocess.TimeoutExpired:   # fail, but leave no process behind
+                    remote.kill()
+                    remote.wait()
+                    raise
             (ROOT / "runs").mkdir(exist_ok=True)
             page.screenshot(path=str(ROOT / "runs" / "dashboard-browser.png"), full_page=True)
 
