@@ -104,10 +104,20 @@ def _batch(job: JobRuntime, who: Identity, lease: pb.Lease, nonce: bytes = b"") 
         job_id=job.job_id, lease_id=lease.lease_id, peer_id=who.peer_id, groups=groups, nonce=nonce))
 
 
+def _peers(n: int) -> list[Identity]:
+    """`n` fixed worker identities."""
+    return [Identity.from_seed(bytes([k]) * 32) for k in range(1, n + 1)]
+
+
+def _one_batch_each(job: JobRuntime, n: int) -> list[pb.Signed]:
+    """One signed batch from each of `n` workers, each answering its own fresh lease."""
+    peers = _peers(n)
+    return [_batch(job, who, lease) for who, lease in zip(peers, _leases(job, peers), strict=True)]
+
+
 def test_a_power_cut_right_after_a_receipt_keeps_its_batch(runtime, monkeypatch) -> None:
     job, _, tmp = runtime
-    peers = [Identity.from_seed(bytes([k]) * 32) for k in range(1, 5)]
-    envelopes = [_batch(job, who, lease) for who, lease in zip(peers, _leases(job, peers), strict=True)]
+    envelopes = _one_batch_each(job, 4)
     disk = DiskImages(monkeypatch)
     db_file = tmp / "ledger.sqlite"
     db_before = db_file.read_bytes()
@@ -124,8 +134,7 @@ def test_a_power_cut_right_after_a_receipt_keeps_its_batch(runtime, monkeypatch)
 
 def test_batches_arriving_together_share_a_sync_and_all_survive_a_cut(runtime, monkeypatch) -> None:
     job, _, tmp = runtime
-    peers = [Identity.from_seed(bytes([k]) * 32) for k in range(1, 7)]
-    envelopes = [_batch(job, who, lease) for who, lease in zip(peers, _leases(job, peers), strict=True)]
+    envelopes = _one_batch_each(job, 6)
     disk = DiskImages(monkeypatch)
     db_file = tmp / "ledger.sqlite"
     release = disk.hold()   # the first batch's sync waits until every other batch has committed
@@ -154,7 +163,7 @@ def test_batches_arriving_together_share_a_sync_and_all_survive_a_cut(runtime, m
 
 def test_two_batches_racing_for_one_prompt_admit_it_once(runtime) -> None:
     job, ledger, _ = runtime
-    peers = [Identity.from_seed(bytes([k]) * 32) for k in range(1, 6)]
+    peers = _peers(5)
     for who, lease in zip(peers, _leases(job, peers), strict=True):
         twins = [_batch(job, who, lease, nonce=bytes([n]) * 16) for n in (1, 2)]   # same prompt, two batch ids
         start = threading.Barrier(2)
