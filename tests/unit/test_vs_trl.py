@@ -12,6 +12,7 @@ from benchmarks.vs_trl import (
     accuracy_at,
     mismatches,
     ratio,
+    ratio_bound,
     spread,
     stop_token_ids,
     time_to_target,
@@ -72,6 +73,10 @@ def test_checkpoints_targets_and_spread() -> None:
     curve = [(0.0, 0.5), (300.0, 0.55), (620.0, 0.7), (900.0, 0.65)]
     assert accuracy_at(curve, 300) == 0.55 and accuracy_at(curve, 600) == 0.55 and accuracy_at(curve, 5000) == 0.65
     assert math.isnan(accuracy_at(curve[1:], 10))
+    # the swarm's copy for checkpoint 600 is made a poll later, at 600.18 s: it counts at 600, not one later
+    assert accuracy_at([(0.0, 0.5), (600.18, 0.7)], 600) == 0.7 and accuracy_at([(0.0, 0.5), (600.3, 0.7)], 600) == 0.5
+    assert ratio_bound({"time_to_target_s": 150.0}, {"time_to_target_s": None, "wall_s": 750.0}) == 0.2
+    assert ratio_bound({"time_to_target_s": 150.0}, {"time_to_target_s": 300.0, "wall_s": 750.0}) is None
     assert time_to_target(curve, 0.6) == 620.0 and time_to_target(curve, 0.9) is None
     assert time_to_target(curve, 0.5) == 0.0
     assert ratio(300.0, 600.0) == 0.5 and ratio(None, 600.0) is None and ratio(300.0, None) is None
