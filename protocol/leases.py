@@ -23,7 +23,7 @@ import itertools
 import secrets
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
@@ -41,10 +41,19 @@ def backlog_full(pending_groups: int, batch_groups: int, *, open_prompts: int = 
     return pending_groups + open_prompts >= batches * batch_groups
 
 
+def _random_lease_id() -> str:
+    """12 random bytes as 24 hex characters."""
+    return secrets.token_hex(12)
+
+
 class LeaseBook:
     """The leases of one job (thread-safe). Persisted by the caller through the ledger."""
 
-    def __init__(self, job_id: str, *, ttl_ms: int, next_index: int = 0, shard: tuple[int, int] = (0, 1)) -> None:
+    def __init__(self, job_id: str, *, ttl_ms: int, next_index: int = 0, shard: tuple[int, int] = (0, 1),
+                 new_lease_id: Callable[[], str] | None = None) -> None:
+        """`new_lease_id` makes each lease's id (default: 12 random bytes as hex, unguessable by
+        workers; the simulator passes a counter, reproducible and cheaper). Raises ValueError
+        unless 0 <= rank < count."""
         rank, count = shard
         if count < 1 or not 0 <= rank < count:
             raise ValueError(f"prompt shard {shard} is not (rank, count) with 0 <= rank < count")
@@ -61,6 +70,7 @@ class LeaseBook:
         self._of_peer: dict[str, dict[str, None]] = {}   # peer id -> its open lease ids, in issue order (open_of)
         self._deadlines: list[tuple[int, int, str]] = []  # (deadline_ms, seq, lease id) of leases issued (expire)
         self._seq = itertools.count()
+        self._new_lease_id = new_lease_id or _random_lease_id
         self._lock = threading.Lock()
 
     def restore(self, leases: list[pb.Lease], admitted: set[int]) -> None:
@@ -88,7 +98,7 @@ class LeaseBook:
                 indices.append(self._next_index)
                 self._next_index += self.count
             lease = pb.Lease(
-                lease_id=secrets.token_hex(12), job_id=self.job_id, peer_id=peer_id, prompt_indices=indices,
+                lease_id=self._new_lease_id(), job_id=self.job_id, peer_id=peer_id, prompt_indices=indices,
                 policy_version=version, sampling=sampling, issued_ms=now_ms, deadline_ms=now_ms + self.ttl_ms,
             )
             self._add(lease)

@@ -13,6 +13,7 @@ checked group that the drill observed (every checked group of these modes failed
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -75,10 +76,22 @@ def _completion(mode: str, version: int) -> pb.Completion:
 
 def group_reason(mode: str, lease: pb.Lease, index: int, current_version: int, lim: adm.AdmissionLimits) -> str:
     """Admission's verdict ("" admitted, else the reason) on the group a worker in `mode` returns
-    for prompt `index` of `lease`: a two-completion stand-in carrying what the mode doctors."""
+    for prompt `index` of `lease`: a two-completion stand-in carrying what the mode doctors.
+
+    `adm.check_group` reads of the lease only its policy version and whether `index` is one of its
+    prompts, so the verdict is a function of (mode, lease version, leased or not, current version,
+    limits): the real check runs once per distinct key (`_verdict`, memoised), not per group."""
+    return _verdict(mode, lease.policy_version, index in lease.prompt_indices, current_version, lim)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _verdict(mode: str, lease_version: int, leased: bool, current_version: int, lim: adm.AdmissionLimits) -> str:
+    """`adm.check_group` on the stand-in group for prompt 0 of a lease at `lease_version` that
+    holds prompt 0 when `leased`, else only prompt 1."""
+    lease = pb.Lease(policy_version=lease_version, prompt_indices=[0 if leased else 1])
     prompt = [9, 9] if mode == PROMPT_SWAP else _PROMPT
-    group = pb.Group(prompt_index=index, prompt_token_ids=prompt,
-                     completions=[_completion(mode, lease.policy_version)] * lim.group_size)
+    group = pb.Group(prompt_index=0, prompt_token_ids=prompt,
+                     completions=[_completion(mode, lease_version)] * lim.group_size)
     return adm.check_group(group, lease, current_version=current_version,
                            expected_prompt_ids={i: _PROMPT for i in lease.prompt_indices},
                            already_admitted=(), lim=lim)

@@ -9,6 +9,7 @@ the ledger (a deque), signatures (a mode flag says a batch's signature is forged
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 
@@ -34,7 +35,9 @@ class SimTrainer:
     def __init__(self, rank: int, count: int, job: JobShape, uplink: Uplink, metrics: Metrics,
                  probation_s: float) -> None:
         self.rank, self.job, self.uplink, self.m = rank, job, uplink, metrics
-        self.book = LeaseBook(JOB_ID, ttl_ms=int(job.lease_ttl_s * 1000), shard=(rank, count))
+        ids = itertools.count()   # lease ids "rank-n": unique per swarm, reproducible from the seed
+        self.book = LeaseBook(JOB_ID, ttl_ms=int(job.lease_ttl_s * 1000), shard=(rank, count),
+                              new_lease_id=lambda: f"{rank}-{next(ids)}")
         self.lim = ch.limits(job.max_async_level)
         self.sampling = pb.SamplingParams(n=job.group_size)
         self.pending = PendingPool(probation_s)

@@ -21,7 +21,7 @@ LOGPROB = "logprob"  # the prefill rung, drawn among fully checked groups
 def unit_draw(key: bytes, rung: str, batch_id: str, prompt_index: int) -> float:
     """A deterministic pseudo-random number in [0, 1) for (key, rung, batch, prompt)."""
     msg = f"{rung}\x00{batch_id}\x00{prompt_index}".encode()
-    digest = hmac.new(key, msg, hashlib.sha256).digest()
+    digest = hmac.digest(key, msg, hashlib.sha256)   # one-shot (OpenSSL), the same bytes as hmac.new(...).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 
