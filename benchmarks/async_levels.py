@@ -49,10 +49,7 @@ def run_level(level: int, seed: int, args: argparse.Namespace, root: Path) -> di
 
 def heldout_accuracy(results: list[dict[str, Any]], model: str, n: int) -> None:
     """Add "accuracy" (and the base model's, "base_accuracy") to each result: greedy, n held-out prompts."""
-    import peft
-    from safetensors.torch import load_file
-
-    from swarmrl.node.evaluate import evaluate
+    from swarmrl.node.evaluate import evaluate, load_adapter
     from swarmrl.node.inference import build_backend
     from swarmrl.node.models import prepare_base_model, resolve_model_name
     from swarmrl.protocol.envs import get_environment, heldout_prompts
@@ -62,10 +59,7 @@ def heldout_accuracy(results: list[dict[str, Any]], model: str, n: int) -> None:
     prompts = heldout_prompts(env, n, 0)
     base = evaluate(backend, env, prompts, None, 8).accuracy
     for k, r in enumerate(results):
-        path = Path(r["adapter"])
-        backend.add_slot(f"a{k}", peft.LoraConfig.from_pretrained(str(path)))
-        backend.set_adapter(f"a{k}", {key: v.float() for key, v in
-                                      load_file(str(path / "adapter_model.safetensors")).items()})
+        load_adapter(backend, f"a{k}", Path(r["adapter"]))
         r["accuracy"], r["base_accuracy"] = evaluate(backend, env, prompts, f"a{k}", 8).accuracy, base
         backend.remove_adapter(f"a{k}")
 

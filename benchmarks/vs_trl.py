@@ -162,6 +162,11 @@ def accuracy_at(curve: list[tuple[float, float]], checkpoint_s: float, slack_s: 
     return taken[-1] if taken else math.nan
 
 
+def accuracy_by_checkpoint(curve: list[tuple[float, float]], checkpoints: list[float]) -> dict[str, float]:
+    """`accuracy_at` each checkpoint, keyed by the checkpoint as written ("150", "300", ...)."""
+    return {f"{c:g}": accuracy_at(curve, c) for c in checkpoints}
+
+
 def time_to_target(curve: list[tuple[float, float]], target: float) -> float | None:
     """The first wall time whose adapter reaches `target` accuracy, or None."""
     return next((t for t, acc in sorted(curve) if acc >= target), None)
@@ -373,10 +378,7 @@ def _export(folder: Path, t: float, dest: Path, result: ArmResult) -> None:
 # ---- evaluation and the report
 def evaluate_adapters(model_path: Path, spec: JobSpec, arms: dict[str, ArmResult], n: int) -> dict[str, Any]:
     """Held-out greedy accuracy of the base model and of every adapter, by `node.evaluate.evaluate`."""
-    import peft
-    from safetensors.torch import load_file
-
-    from swarmrl.node.evaluate import evaluate
+    from swarmrl.node.evaluate import evaluate, load_adapter
     from swarmrl.node.inference import build_backend
     from swarmrl.protocol.envs import get_environment, heldout_prompts
 
@@ -390,9 +392,7 @@ def evaluate_adapters(model_path: Path, spec: JobSpec, arms: dict[str, ArmResult
         curves[side] = [(0.0, curves["base"][0][1])]
         for k, (t, path) in enumerate(arm.adapters):
             name = f"{side}-{k}"
-            backend.add_slot(name, peft.LoraConfig.from_pretrained(str(path)))
-            backend.set_adapter(name, {key: v.float() for key, v in
-                                       load_file(str(path / "adapter_model.safetensors")).items()})
+            load_adapter(backend, name, path)
             curves[side].append((t, score(name)))
             backend.remove_adapter(name)
     return curves
@@ -406,7 +406,7 @@ def seed_report(curves: dict[str, list[tuple[float, float]]], arms: dict[str, Ar
         curve = sorted(curves[side])
         out[side] = {**arm.figures(), "steps": arm.steps, "wall_s": arm.wall_s,
                      "final_accuracy": curve[-1][1],
-                     "accuracy_at": {f"{c:g}": accuracy_at(curve, c) for c in checkpoints},
+                     "accuracy_at": accuracy_by_checkpoint(curve, checkpoints),
                      "time_to_target_s": time_to_target(curve, target), "curve": curve}
     out["time_to_target_ratio"] = ratio(out["swarm"]["time_to_target_s"], out["trl"]["time_to_target_s"])
     out["time_to_target_ratio_at_most"] = ratio_bound(out["swarm"], out["trl"])
@@ -479,8 +479,8 @@ def main() -> None:
         if (kept := out / "report.json").exists():  # a finished seed is not run again
             per_seed[seed] = json.loads(kept.read_text())
             for side in ("swarm", "trl"):   # this run's checkpoints, from the kept curves
-                curve = [tuple(point) for point in per_seed[seed][side]["curve"]]
-                per_seed[seed][side]["accuracy_at"] = {f"{c:g}": accuracy_at(curve, c) for c in checkpoints}
+                curve = [(t, acc) for t, acc in per_seed[seed][side]["curve"]]
+                per_seed[seed][side]["accuracy_at"] = accuracy_by_checkpoint(curve, checkpoints)
             print(f"seed {seed}: kept from {kept}")
             continue
         torch.manual_seed(seed)

@@ -37,6 +37,16 @@ class EvalResult:
     n: int
 
 
+def load_adapter(backend: InferenceBackend, slot: str, adapter_dir: Path) -> None:
+    """Load the PEFT adapter folder `adapter_dir` (adapter_config.json, adapter_model.safetensors)
+    into `backend`'s slot `slot`, its weights as float32. Raises what peft and safetensors raise
+    for a missing or malformed folder (OSError, ValueError)."""
+    import peft
+
+    backend.add_slot(slot, peft.LoraConfig.from_pretrained(str(adapter_dir)))
+    backend.set_adapter(slot, {k: v.float() for k, v in load_file(str(adapter_dir / "adapter_model.safetensors")).items()})
+
+
 def evaluate(backend: InferenceBackend, env: Environment, prompts: list[PromptSpec], adapter: str | None,
              max_new_tokens: int, stop: tuple[str, ...] | None = None, chat_template: bool = False) -> EvalResult:
     """Greedy completions for `prompts` (rendered as workers render them), graded in-process
@@ -66,9 +76,7 @@ def run_eval(adapter_dir: Path, *, model: str | None = None, n: int = 200, cache
     name = model or config.base_model_name_or_path
     name = resolve_model_name(name) if is_builtin_model(name) else name
     backend = build_backend("hf", find_base_model(name, cache_dir))
-    state = {k: v.float() for k, v in load_file(str(adapter_dir / "adapter_model.safetensors")).items()}
-    backend.add_slot(EVAL_ADAPTER, config)
-    backend.set_adapter(EVAL_ADAPTER, state)
+    load_adapter(backend, EVAL_ADAPTER, adapter_dir)
     stop, chat, title = None, False, "arithmetic"
     if job_file is not None:
         from swarmrl.node.tasks import load_job_file

@@ -49,9 +49,9 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
 
 GC_THRESHOLDS = (100_000, 50, 100)
 """The cyclic garbage collector's thresholds while a simulation runs (CPython's default: 700, 10,
-10). A 10,000-worker hour keeps millions of objects alive (1.2 GB) and allocates in bursts (10k
-decisions per version), so the default thresholds collect again and again over survivors: py-spy
-found 35% of a 10k run in `gc_collect_main`. Reference counting still frees nearly everything at
+10). A 10,000-worker hour keeps millions of objects alive (714 MB peak) and allocates in bursts
+(10k decisions per version), so the default thresholds collect again and again over survivors:
+py-spy, on a loaded machine, found 35% of a 10k run in `gc_collect_main`. Reference counting still frees nearly everything at
 once; these thresholds only make the cycle collector run less often (same peak memory: 10k
 workers x 0.1 h, 142 MB either way). The figures: simulations/README.md, "Speed"."""
 
