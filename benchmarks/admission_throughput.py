@@ -15,7 +15,7 @@ the figure "on one core"), their medians and new/old ratios; the new code runs t
 the ledger's default synchronous=FULL and with NORMAL (`Ledger` says what each promises).
 `--threads N` admits the batches from N threads at once, as the trainer's gRPC threads do when
 many workers submit together; the new code's FULL ledger then shares a WAL sync among batches
-committed while one runs (`node/group_commit.py`; syncs per batch are printed). Only the
+committed while one runs (`node/runtime/group_commit.py`; syncs per batch are printed). Only the
 admission loop is timed: process CPU time from the first `admit` to the last receipt (with
 threads: the pool's threads, as the server's would be), nothing of building or signing.
 The wall figures move with whatever else the machine runs; CPU seconds much less.
@@ -47,9 +47,9 @@ def measure(model: str, peers: int, prompts: int, group_size: int, tokens: int, 
     import torch
 
     torch.set_num_threads(1)
-    from swarmrl.node.causal_lm import load_causal_lm, render_prompt
-    from swarmrl.node.jobs import builtin_job
-    from swarmrl.node.models import default_cache_dir, find_base_model
+    from swarmrl.node.models.base_model import default_cache_dir, find_base_model
+    from swarmrl.node.models.causal_lm import load_causal_lm, render_prompt
+    from swarmrl.node.tasks.builtin_jobs import builtin_job
     from swarmrl.node.trainer.job import JobRuntime
     from swarmrl.node.trainer.ledger import Ledger
     from swarmrl.protocol import signing

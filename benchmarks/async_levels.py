@@ -2,7 +2,7 @@
 
 Per level and seed: `swarmrl up` (the built-in job; `--steps`, `--workers`, `--lr` override it),
 then, with `--n-eval N`, the adapter's held-out greedy accuracy on N prompts (the same
-`node.evaluate.evaluate` code as `swarmrl eval`, one backend for every adapter). Printed per run
+`node.evaluation.heldout.evaluate` code as `swarmrl eval`, one backend for every adapter). Printed per run
 and, per level, as mean ± sample std over seeds: held-out accuracy, reward over the last quarter
 of steps, mean staleness (versions behind) of trained rollouts, mean normalised ESS of the
 importance weights, groups rejected as stale or dropped, and wall seconds (ratio to the first
@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from swarmrl.node.up import UpOptions, run_up
+from swarmrl.node.local.up import UpOptions, run_up
 
 
 def run_level(level: int, seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
@@ -49,9 +49,9 @@ def run_level(level: int, seed: int, args: argparse.Namespace, root: Path) -> di
 
 def heldout_accuracy(results: list[dict[str, Any]], model: str, n: int) -> None:
     """Add "accuracy" (and the base model's, "base_accuracy") to each result: greedy, n held-out prompts."""
-    from swarmrl.node.evaluate import evaluate, load_adapter
+    from swarmrl.node.evaluation.heldout import evaluate, load_adapter
     from swarmrl.node.inference import build_backend
-    from swarmrl.node.models import prepare_base_model, resolve_model_name
+    from swarmrl.node.models.base_model import prepare_base_model, resolve_model_name
     from swarmrl.protocol.envs import get_environment, heldout_prompts
 
     backend = build_backend("hf", prepare_base_model(resolve_model_name(model), None))

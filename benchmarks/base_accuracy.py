@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from swarmrl.node.causal_lm import encode_prompt, load_causal_lm
-from swarmrl.node.models import prepare_base_model, resolve_model_name
+from swarmrl.node.models.base_model import prepare_base_model, resolve_model_name
+from swarmrl.node.models.causal_lm import encode_prompt, load_causal_lm
 from swarmrl.protocol.envs import Environment, PromptSpec, get_environment, heldout_prompts
 
 

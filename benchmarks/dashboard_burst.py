@@ -28,8 +28,8 @@ from types import SimpleNamespace
 
 import torch
 
-from swarmrl.node.jobs import builtin_job
-from swarmrl.node.models import default_cache_dir, prepare_base_model
+from swarmrl.node.models.base_model import default_cache_dir, prepare_base_model
+from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.node.trainer.job import JobRuntime
 from swarmrl.node.trainer.ledger import Ledger
 from swarmrl.node.trainer.ops import start_trainer_ops

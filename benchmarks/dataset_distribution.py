@@ -46,7 +46,7 @@ from typing import Any
 
 import grpc
 
-from swarmrl.node.grpc_options import channel_options
+from swarmrl.node.net.grpc_options import channel_options
 from swarmrl.node.swarm.datasets import DatasetFetchStats, DatasetStore, fetch_dataset
 from swarmrl.node.swarm.dht import start_dht, visible_maddrs
 from swarmrl.node.swarm.gossip import GossipNode
@@ -60,7 +60,7 @@ MODES = ("no-gossip", "gossip-together", "gossip-jitter", "gossip-chain")
 
 
 class FileTrainer:
-    """The part of `node.trainer.main.Trainer` that `FetchDataset` uses: one hosted file, and
+    """The part of `node.trainer.hosting.Trainer` that `FetchDataset` uses: one hosted file, and
     the bytes served (`count_upload`)."""
 
     def __init__(self) -> None:

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from swarmrl.node.up import UpOptions, run_up
+from swarmrl.node.local.up import UpOptions, run_up
 
 
 def run_one(codec: str, seed: int, args: argparse.Namespace, root: Path) -> dict[str, Any]:
@@ -38,7 +38,7 @@ def run_one(codec: str, seed: int, args: argparse.Namespace, root: Path) -> dict
 
 
 def _accuracy(adapter: Path, args: argparse.Namespace) -> float:
-    from swarmrl.node.evaluate import run_eval
+    from swarmrl.node.evaluation.heldout import run_eval
 
     _, tuned = run_eval(adapter, n=args.eval)
     return float(tuned.accuracy)

@@ -43,9 +43,9 @@ def sample(model: Any, prompt: list[int], g: int, new_tokens: int) -> tuple[list
 
 
 def run_arm(arm: str, seed: int, args: argparse.Namespace) -> list[float]:
-    from swarmrl.node.causal_lm import encode_prompt, vocab_size
-    from swarmrl.node.jobs import builtin_job
-    from swarmrl.node.models import prepare_base_model
+    from swarmrl.node.models.base_model import prepare_base_model
+    from swarmrl.node.models.causal_lm import encode_prompt, vocab_size
+    from swarmrl.node.tasks.builtin_jobs import builtin_job
     from swarmrl.node.trainer.learner import Learner
     from swarmrl.protocol.envs import get_environment
     from swarmrl.protocol.pb import swarm_pb2 as pb

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import zstandard
 
-from swarmrl.node.up import UpOptions, run_up
+from swarmrl.node.local.up import UpOptions, run_up
 
 
 def swarm_row(n: int, steps: int, root: Path, gossip: bool) -> dict:
@@ -86,10 +86,10 @@ def codec_sizes(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> d
 
 
 def gemma_deltas(steps: int, root: Path) -> None:
-    from swarmrl.node.causal_lm import encode_prompt
-    from swarmrl.node.jobs import builtin_job
-    from swarmrl.node.models import prepare_base_model
+    from swarmrl.node.models.base_model import prepare_base_model
+    from swarmrl.node.models.causal_lm import encode_prompt
     from swarmrl.node.swarm.figures import base_model_bytes
+    from swarmrl.node.tasks.builtin_jobs import builtin_job
     from swarmrl.node.trainer.adapter_store import AdapterStore
     from swarmrl.node.trainer.learner import Learner
     from swarmrl.protocol.envs import get_environment

@@ -25,7 +25,7 @@ from swarmrl.protocol import delta_codec as dc
 
 def synthetic_groups(learner, spec, env, version: int, gen: torch.Generator) -> list:
     """Two groups of random 8-token completions with alternating rewards (a non-zero gradient)."""
-    from swarmrl.node.causal_lm import encode_prompt, vocab_size
+    from swarmrl.node.models.causal_lm import encode_prompt, vocab_size
     from swarmrl.protocol.pb import swarm_pb2 as pb
 
     top = min(5000, vocab_size(learner.model))
@@ -58,9 +58,9 @@ def main() -> None:
     p.add_argument("--codec", default=dc.DEFAULT_CODEC, choices=dc.CODECS, help="what the trainer publishes")
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args()
-    from swarmrl.node.jobs import builtin_job
-    from swarmrl.node.models import prepare_base_model
+    from swarmrl.node.models.base_model import prepare_base_model
     from swarmrl.node.swarm.figures import base_model_bytes
+    from swarmrl.node.tasks.builtin_jobs import builtin_job
     from swarmrl.node.trainer.learner import Learner
     from swarmrl.protocol.envs import get_environment
 

@@ -34,11 +34,11 @@ import torch
 from safetensors.torch import load_file
 from validator_cost import admitted_batch  # benchmarks/validator_cost.py (run as a script)
 
-from swarmrl.node.episode_play import grade_rows
-from swarmrl.node.grading import GradingPool
 from swarmrl.node.inference import build_backend
-from swarmrl.node.jobs import builtin_job
-from swarmrl.node.models import prepare_base_model, resolve_model_name
+from swarmrl.node.models.base_model import prepare_base_model, resolve_model_name
+from swarmrl.node.tasks.builtin_jobs import builtin_job
+from swarmrl.node.tasks.episode_play import grade_rows
+from swarmrl.node.tasks.grading import GradingPool
 from swarmrl.node.worker.episodes import episode_groups
 from swarmrl.protocol.envs import get_environment
 from swarmrl.protocol.envs.episode import EpisodeEnv

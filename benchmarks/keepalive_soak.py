@@ -21,8 +21,8 @@ import threading
 import time
 from pathlib import Path
 
-from swarmrl.node import grpc_options
-from swarmrl.node.grpc_options import channel_options
+from swarmrl.node.net import grpc_options
+from swarmrl.node.net.grpc_options import channel_options
 from tests.integration.keepalive_clients import soak
 
 
@@ -48,7 +48,7 @@ def main() -> None:
         _exit_with_parent(args.parent_pid)
     if args.old:   # the server options before issue 11: no ping enforcement settings
         grpc_options.server_options = lambda mb: [*channel_options(mb), ("grpc.so_reuseport", 0)]
-        import swarmrl.node.grpc_server as gs
+        import swarmrl.node.net.grpc_server as gs
         gs.server_options = grpc_options.server_options
     result = soak(args.seconds, tuple(args.standard_ping_s))
     for r in result.records:

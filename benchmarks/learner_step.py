@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from swarmrl.node.causal_lm import encode_prompt
-from swarmrl.node.jobs import builtin_job
-from swarmrl.node.models import prepare_base_model, resolve_model_name
+from swarmrl.node.models.base_model import prepare_base_model, resolve_model_name
+from swarmrl.node.models.causal_lm import encode_prompt
+from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.node.trainer.learner import Learner, build_step_batch
 from swarmrl.protocol.envs import get_environment
 from swarmrl.protocol.pb import swarm_pb2 as pb

@@ -1,6 +1,6 @@
 """Where the time of one main-job step goes, end to end, in one process.
 
-A real trainer (`node.trainer.main.Trainer` behind its gRPC server on 127.0.0.1) hosts the
+A real trainer (`node.trainer.hosting.Trainer` behind its gRPC server on 127.0.0.1) hosts the
 built-in arithmetic job; a real worker session (`JobSession`, HF backend) leases, catches up,
 generates, grades, signs and submits over gRPC until a batch is pending; then the trainer takes
 its step (`JobRuntime.train_step`: learner forward, backward, optimizer, publish, checkpoint).
@@ -37,12 +37,12 @@ from typing import Any
 
 import torch
 
-from swarmrl.node.config import TrainerConfig
 from swarmrl.node.inference import build_backend, scoring
-from swarmrl.node.jobs import builtin_job
-from swarmrl.node.models import prepare_base_model, resolve_model_name
-from swarmrl.node.submitter import submit_job
-from swarmrl.node.trainer.main import Trainer
+from swarmrl.node.models.base_model import prepare_base_model, resolve_model_name
+from swarmrl.node.runtime.config import TrainerConfig
+from swarmrl.node.submitter.client import submit_job
+from swarmrl.node.tasks.builtin_jobs import builtin_job
+from swarmrl.node.trainer.hosting import Trainer
 from swarmrl.node.trainer.service import serve
 from swarmrl.node.worker.session import JobSession
 from swarmrl.protocol.identity import Identity

@@ -36,12 +36,12 @@ from pathlib import Path
 
 import torch
 
-from swarmrl.node.causal_lm import encode_prompt
-from swarmrl.node.grading import GradingPool
 from swarmrl.node.inference import build_backend
 from swarmrl.node.inference.base import Sampling
-from swarmrl.node.jobs import builtin_job
-from swarmrl.node.models import prepare_base_model, resolve_model_name
+from swarmrl.node.models.base_model import prepare_base_model, resolve_model_name
+from swarmrl.node.models.causal_lm import encode_prompt
+from swarmrl.node.tasks.builtin_jobs import builtin_job
+from swarmrl.node.tasks.grading import GradingPool
 from swarmrl.protocol import signing
 from swarmrl.protocol.envs import get_environment
 from swarmrl.protocol.identity import Identity

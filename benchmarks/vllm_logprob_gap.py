@@ -21,14 +21,14 @@ if __name__ == "__main__":
 
 import torch
 
-from swarmrl.node.causal_lm import encode_prompt, load_causal_lm, lora_config
 from swarmrl.node.inference import Sampling
 from swarmrl.node.inference.base import InferenceBackend, SampledCompletion
 from swarmrl.node.inference.hf import HFBackend
 from swarmrl.node.inference.scoring import shared_prompt_logprobs
 from swarmrl.node.inference.vllm_start import start_vllm_backend
-from swarmrl.node.jobs import builtin_job
-from swarmrl.node.models import prepare_base_model, resolve_model_name
+from swarmrl.node.models.base_model import prepare_base_model, resolve_model_name
+from swarmrl.node.models.causal_lm import encode_prompt, load_causal_lm, lora_config
+from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.protocol.envs import get_environment
 from swarmrl.validator.checks import LogprobTolerance, check_logprobs, logprob_gaps
 

@@ -26,14 +26,14 @@ if __name__ == "__main__":   # before torch loads: one thread per torch process 
 
 import torch
 
-from swarmrl.node.causal_lm import encode_prompt, load_causal_lm, lora_config
 from swarmrl.node.inference import Sampling
 from swarmrl.node.inference.base import InferenceBackend, SampledCompletion
 from swarmrl.node.inference.hf import HFBackend
 from swarmrl.node.inference.vllm import VLLMBackend
 from swarmrl.node.inference.vllm_start import start_vllm_backend
 from swarmrl.node.inference.vllm_tiny import build_tiny_vllm_model
-from swarmrl.node.models import default_cache_dir, prepare_base_model
+from swarmrl.node.models.base_model import default_cache_dir, prepare_base_model
+from swarmrl.node.models.causal_lm import encode_prompt, load_causal_lm, lora_config
 from swarmrl.protocol.adapter import apply_delta, decode_state, encode_state, make_delta
 
 PROMPTS = [f"Question: What is {a}+{b}?\nAnswer:" for a, b in [(3, 4), (12, 7), (5, 9), (8, 8), (2, 11), (6, 3),

@@ -10,7 +10,7 @@ the last step; a run that finished before a checkpoint counts its final adapter 
 `--steps` steps or until `--budget` wall seconds (default: the last checkpoint), whichever comes
 first: on CPU with Gemma's 262k-token vocabulary a TRL step takes minutes. Where only the swarm
 reaches the target, the ratio is bounded: at most the swarm's time / TRL's training time. Every
-adapter is scored afterwards by the same code (`node.evaluate.evaluate`: greedy, the held-out
+adapter is scored afterwards by the same code (`node.evaluation.heldout.evaluate`: greedy, the held-out
 prompts, the environment's correctness reward) on the same backend.
 
 Printed and written to OUT/results.json and OUT/table.md: per seed and as mean and spread
@@ -36,7 +36,6 @@ import json
 import math
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import threading
@@ -46,6 +45,10 @@ from pathlib import Path
 from typing import Any
 
 from swarmrl.protocol.jobspec import JobSpec
+
+if __package__ in (None, ""):   # run as a script: benchmarks/ is sys.path[0], the repository root is not
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.vs_trl_figures import accuracy_by_checkpoint, ratio, ratio_bound, summary, time_to_target
 
 # GSPO is TRL's GRPO loss at sequence-level importance sampling.
 TRL_LOSS = {"grpo": "grpo", "dapo": "dapo", "dr_grpo": "dr_grpo", "gspo": "grpo", "cispo": "cispo"}
@@ -150,50 +153,6 @@ def trl_prompt_text(tokenizer: Any, text: str, ids: list[int]) -> str:
     raise ValueError(f"no prompt text tokenizes to the swarm's ids for {text!r}")
 
 
-# ---- checkpoints, target times, spread (pure)
-TAKEN_SLACK_S = 0.25
-"""An adapter taken this soon after a checkpoint counts at it: the swarm's watcher polls the
-trainer's checkpoints every 0.2 s, so its copy for checkpoint c is made at c + 0-0.2 s."""
-
-
-def accuracy_at(curve: list[tuple[float, float]], checkpoint_s: float, slack_s: float = TAKEN_SLACK_S) -> float:
-    """Accuracy of the latest adapter taken at or before `checkpoint_s` + `slack_s` (NaN before the first)."""
-    taken = [acc for t, acc in curve if t <= checkpoint_s + slack_s]
-    return taken[-1] if taken else math.nan
-
-
-def accuracy_by_checkpoint(curve: list[tuple[float, float]], checkpoints: list[float]) -> dict[str, float]:
-    """`accuracy_at` each checkpoint, keyed by the checkpoint as written ("150", "300", ...)."""
-    return {f"{c:g}": accuracy_at(curve, c) for c in checkpoints}
-
-
-def time_to_target(curve: list[tuple[float, float]], target: float) -> float | None:
-    """The first wall time whose adapter reaches `target` accuracy, or None."""
-    return next((t for t, acc in sorted(curve) if acc >= target), None)
-
-
-def ratio(swarm_s: float | None, trl_s: float | None) -> float | None:
-    """swarm / TRL time to target; None when either side never got there."""
-    return None if swarm_s is None or trl_s is None or trl_s <= 0 else swarm_s / trl_s
-
-
-def ratio_bound(swarm: dict[str, Any], trl: dict[str, Any]) -> float | None:
-    """swarm / TRL time to target when only the swarm got there: TRL trained `wall_s` without
-    reaching it, so its time is longer and the ratio is at most swarm time / TRL wall time."""
-    if swarm["time_to_target_s"] is None or trl["time_to_target_s"] is not None or not trl["wall_s"]:
-        return None
-    return swarm["time_to_target_s"] / trl["wall_s"]
-
-
-def spread(values: list[float | None]) -> dict[str, float | int | None]:
-    """Mean, sample std, min and max over the values present (n of them)."""
-    xs = [v for v in values if v is not None and not math.isnan(v)]
-    if not xs:
-        return {"n": 0, "mean": None, "std": None, "min": None, "max": None}
-    return {"n": len(xs), "mean": statistics.fmean(xs), "std": statistics.stdev(xs) if len(xs) > 1 else 0.0,
-            "min": min(xs), "max": max(xs)}
-
-
 @dataclass
 class ArmResult:
     """One side's run of one seed: adapters taken at wall times, and its throughput."""
@@ -218,7 +177,7 @@ def run_trl(spec: JobSpec, model_path: Path, checkpoints: list[float], out: Path
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from swarmrl.node.causal_lm import load_causal_lm, lora_config, render_prompt
+    from swarmrl.node.models.causal_lm import load_causal_lm, lora_config, render_prompt
     from swarmrl.protocol.envs import get_environment
 
     env = get_environment(spec.environment_id, spec.env_version)
@@ -325,7 +284,7 @@ def _copy_checkpoint(folder: Path, spec: JobSpec, t: float, dest: Path, result: 
     """The trainer's newest checkpoint as a PEFT adapter folder (retried: it prunes as it goes)."""
     from safetensors.torch import save_file
 
-    from swarmrl.node.causal_lm import lora_config
+    from swarmrl.node.models.causal_lm import lora_config
     from swarmrl.node.trainer.checkpoint import load_checkpoint
 
     for _ in range(20):
@@ -377,8 +336,8 @@ def _export(folder: Path, t: float, dest: Path, result: ArmResult) -> None:
 
 # ---- evaluation and the report
 def evaluate_adapters(model_path: Path, spec: JobSpec, arms: dict[str, ArmResult], n: int) -> dict[str, Any]:
-    """Held-out greedy accuracy of the base model and of every adapter, by `node.evaluate.evaluate`."""
-    from swarmrl.node.evaluate import evaluate, load_adapter
+    """Held-out greedy accuracy of the base model and of every adapter, by `node.evaluation.heldout.evaluate`."""
+    from swarmrl.node.evaluation.heldout import evaluate, load_adapter
     from swarmrl.node.inference import build_backend
     from swarmrl.protocol.envs import get_environment, heldout_prompts
 
@@ -410,21 +369,6 @@ def seed_report(curves: dict[str, list[tuple[float, float]]], arms: dict[str, Ar
                      "time_to_target_s": time_to_target(curve, target), "curve": curve}
     out["time_to_target_ratio"] = ratio(out["swarm"]["time_to_target_s"], out["trl"]["time_to_target_s"])
     out["time_to_target_ratio_at_most"] = ratio_bound(out["swarm"], out["trl"])
-    return out
-
-
-def summary(per_seed: dict[int, dict[str, Any]], checkpoints: list[float]) -> dict[str, Any]:
-    """Mean and spread over seeds of every figure."""
-    seeds = list(per_seed.values())
-    out: dict[str, Any] = {"base_accuracy": spread([s["base_accuracy"] for s in seeds]),
-                           "time_to_target_ratio": spread([s["time_to_target_ratio"] for s in seeds]),
-                           "time_to_target_ratio_at_most": spread([s.get("time_to_target_ratio_at_most")
-                                                                   for s in seeds])}
-    for side in ("swarm", "trl"):
-        keys = ("s_per_step", "tokens_per_s", "steps", "final_accuracy", "time_to_target_s")
-        out[side] = {k: spread([s[side][k] for s in seeds]) for k in keys}
-        out[side]["accuracy_at"] = {f"{c:g}": spread([s[side]["accuracy_at"][f"{c:g}"] for s in seeds])
-                                    for c in checkpoints}
     return out
 
 
@@ -464,8 +408,8 @@ def main() -> None:
     args = p.parse_args()
     import torch
 
-    from swarmrl.node.jobs import builtin_job
-    from swarmrl.node.models import prepare_base_model, resolve_model_name
+    from swarmrl.node.models.base_model import prepare_base_model, resolve_model_name
+    from swarmrl.node.tasks.builtin_jobs import builtin_job
 
     torch.set_num_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

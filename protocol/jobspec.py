@@ -44,7 +44,7 @@ class JobSpec(_Frozen):
 
     `base_model` is any causal LM: a built-in name ("tiny", "google/gemma-3-270m"), a Hugging Face
     model folder or a hub id already in the local cache; `base_model_sha256` pins the exact weights
-    (hex sha256, see node.models.base_model_sha256); workers whose local copy differs refuse the job.
+    (hex sha256, see node.models.base_model.base_model_sha256); workers whose local copy differs refuse the job.
     `environment` is an installed environment's name (with `env_version` and, optionally,
     `env_package_sha256`: the hash of its installed package as `swarmrl env list` shows it, filled
     at submit time; workers whose package differs refuse the job) or a data-set task.

@@ -35,7 +35,7 @@ $PY benchmarks/vllm_logprob_gap.py --model gemma --rollouts 512 --hf-threads "$(
 grep -q "vLLM-sampled: .* false positives 0," "$OUT/gap.txt" || { echo "FAIL: false positives" >&2; exit 1; }
 
 echo "== local swarm with vLLM workers"
-$PY -m swarmrl.node.cli up --backend vllm --red-team all --steps "$STEPS" --out "$OUT/swarm" | tee "$OUT/swarm.txt"
+$PY -m swarmrl.node.cli.main up --backend vllm --red-team all --steps "$STEPS" --out "$OUT/swarm" | tee "$OUT/swarm.txt"
 $PY - "$OUT/swarm" <<'PYEOF'
 import json, sys
 from pathlib import Path

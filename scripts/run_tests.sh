@@ -16,7 +16,7 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
     || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }; } \
     >/dev/null 2>&1 || echo "run_tests.sh: could not install chromium; the browser test will skip" >&2
 fi
-# The network-namespace test bed (node/netns.py, tests/integration/test_netns_bed.py) needs nft
+# The network-namespace test bed (node/local/netns.py, tests/integration/test_netns_bed.py) needs nft
 # (NAT) and ethtool (offloads off for its user-space slow link): install them the same way.
 for pkg in nftables:nft ethtool:ethtool; do
   if ! command -v "${pkg#*:}" >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -1,5 +1,5 @@
 """The `swarmrl simulate` flags, apart from the simulator so the command line can build its parser
-without importing it (node/cli.py imports swarmrl.simulations.run only when the command runs)."""
+without importing it (node/cli/main.py imports swarmrl.simulations.run only when the command runs)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol.leases import BUSY_RETRY_MS
@@ -22,12 +22,43 @@ from swarmrl.simulations.population import Worker
 if TYPE_CHECKING:
     import simpy
 
-    from swarmrl.simulations.world import World
+    from swarmrl.simulations.gossip import DeltaSpread
+    from swarmrl.simulations.metrics import Metrics
+    from swarmrl.simulations.profiles import ModelProfile
+    from swarmrl.simulations.scenario import Scenario
+    from swarmrl.simulations.trainer import SimTrainer
+    from swarmrl.simulations.validator import Validators
 
 JOB_POLL_S = 1.0   # worker config poll_s: how often a worker looks for jobs
 
 
-def worker_life(world: World, w: Worker) -> Generator[simpy.Event, Any, None]:
+class WorkerWorld(Protocol):
+    """What a worker's session reads and calls of the simulated swarm (`world.World` is one)."""
+
+    env: simpy.Environment
+    sc: Scenario
+    profile: ModelProfile
+    rng: Any   # random.Random
+    metrics: Metrics
+    trainers: list[SimTrainer]
+    gossip: DeltaSpread
+    validators: Validators
+    version: int
+    done: bool
+    waiting: list[int]
+    slot_freed: list[simpy.Event]
+
+    def join(self, w: Worker) -> None:
+        """The worker joins the swarm (and the delta gossip)."""
+
+    def leave(self, w: Worker) -> None:
+        """The worker's session ends."""
+
+    def reassign(self, w: Worker) -> None:
+        """Move the worker to a live trainer (its own was lost)."""
+
+
+def worker_life(world: WorkerWorld, w: Worker) -> Generator[simpy.Event, Any, None]:
     """The process of one worker session."""
     env = world.env
     yield env.timeout(max(0.0, world.sc.job_start_s - env.now) + world.rng.uniform(0, JOB_POLL_S))

@@ -35,7 +35,7 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 @pytest.fixture(scope="session")
 def model_cache() -> Path:
     """The cache folder holding the prepared tiny model (built once per cache)."""
-    from swarmrl.node.models import default_cache_dir, prepare_base_model
+    from swarmrl.node.models.base_model import default_cache_dir, prepare_base_model
 
     cache = default_cache_dir()
     prepare_base_model("tiny", cache)

@@ -4,7 +4,7 @@ Legend: T = tokens of one episode trace, N = its model tokens.
 
 Replay (the `episode` rung): for a deterministic environment, every environment reply of an
 episode is recomputed from the model's turns (decoded from the trace's model spans, as the worker
-decoded them) and re-encoded with the worker's rule (`node.episode_play.encode_observation`);
+decoded them) and re-encoded with the worker's rule (`node.tasks.episode_play.encode_observation`);
 each environment token must equal the replay's. A worker that edits a reply (rewrites wordle's
 feedback, invents a tool result) fails here, before any prefill. The log-prob and plausibility
 rungs then look at model tokens only: environment tokens were never sampled.
@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from swarmrl.node.episode_play import encode_observation, safe_reply
+from swarmrl.node.tasks.episode_play import encode_observation, safe_reply
 from swarmrl.protocol.envs.base import PromptSpec
 from swarmrl.protocol.envs.episode import EpisodeEnv, EpisodeSpec
 from swarmrl.protocol.envs.trace import model_positions, split_turns

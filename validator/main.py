@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 
-from swarmrl.node.config import ValidatorConfig
-from swarmrl.node.metrics import metrics_urls, start_metrics
-from swarmrl.node.runtime import start_role, write_ready
-from swarmrl.node.swarm.dht import find_jobs
+from swarmrl.node.ops.metrics import metrics_urls, start_metrics
+from swarmrl.node.runtime.config import ValidatorConfig
+from swarmrl.node.runtime.lifecycle import start_role, write_ready
+from swarmrl.node.swarm.dht import find_jobs, join_swarm
 from swarmrl.validator.metrics import validator_metrics
 from swarmrl.validator.service import ValidatorService
 
@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 
 def run(cfg: ValidatorConfig) -> None:
     """Start the validator and validate until SIGTERM / SIGINT."""
-    stop, identity, dht = start_role("validator", cfg.key, cfg.net, cfg.threads)
+    stop, identity = start_role("validator", cfg.key, cfg.threads)
+    dht = join_swarm(cfg.net)
     service = ValidatorService(cfg, identity)
     ops = start_metrics(cfg.metrics_host, cfg.metrics_port, lambda: validator_metrics(service))
     write_ready(cfg.ready_file, {"peer_id": identity.peer_id, **metrics_urls(ops)})

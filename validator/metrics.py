@@ -1,51 +1,22 @@
-"""The validator's tallies (one line at each event) and its Prometheus metrics, read at scrape
-time: groups checked, verdicts by check and result, the cost of each rung of the ladder, and the
-peers its reputation store knows and bans."""
+"""The validator's Prometheus metrics, read at scrape time from its tallies (`stats.py`) and its
+reputation store: groups checked, verdicts by check and result, the cost of each rung of the
+ladder, and the peers it knows and bans."""
 
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
 
-from swarmrl.node.metrics import Families
-from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.node.ops.metrics import Families
+from swarmrl.validator.stats import CheckStats
 
 if TYPE_CHECKING:
     from swarmrl.validator.service import ValidatorService
 
 P = "swarmrl_validator_"
-
-
-@dataclass
-class CheckStats:
-    """Per rung ("cheap": structure + freshness + duplicate; "regrade"; "prefill": logprob +
-    plausibility): groups it ran on and wall seconds it took."""
-
-    groups: Counter[str] = field(default_factory=Counter)
-    seconds: Counter[str] = field(default_factory=Counter)
-
-    def ran(self, rung: str, groups: int, since: float) -> None:
-        """Record `groups` groups checked by `rung` since monotonic time `since`."""
-        if groups:
-            self.groups[rung] += groups
-            self.seconds[rung] += time.monotonic() - since  # type: ignore[assignment]  # float seconds; typeshed's Counter values are int
-
-
-@dataclass
-class VerdictStats:
-    """Admitted groups checked and verdicts sent, per job."""
-
-    groups: Counter[str] = field(default_factory=Counter)                 # job -> groups
-    verdicts: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (job, check, result)
-
-    def sent(self, job_id: str, verdicts: list[pb.Verdict]) -> None:
-        """Count `verdicts` sent for `job_id` by (check, passed/failed)."""
-        self.verdicts.update((job_id, v.check, "passed" if v.passed else "failed") for v in verdicts)
 
 
 def validator_metrics(service: ValidatorService) -> Iterator[Metric]:

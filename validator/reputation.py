@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from swarmrl.node.sqlite_store import connect
+from swarmrl.node.runtime.sqlite import connect
 from swarmrl.protocol.verdicts import BANNING_CHECKS
 from swarmrl.validator import policy
 from swarmrl.validator.policy import BAN_MS, GAIN, MAX_BAN_MS, NEW_PEER_CHECKS, RECENT_FAILURE_MS

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from swarmrl.node.sqlite_store import connect
+from swarmrl.node.runtime.sqlite import connect
 from swarmrl.validator.checks import FirstSeen
 
 SCHEMA = """

@@ -1,7 +1,7 @@
 """The validator's network side: follow jobs' trainers, judge admitted batches, report verdicts.
 
 Every call to a trainer names this validator (`swarmrl-peer` metadata) and is retried with
-backoff when the trainer refuses it as overloaded or can't be reached (`node.grpc_retry`).
+backoff when the trainer refuses it as overloaded or can't be reached (`node.net.grpc_retry`).
 
 One round per job: SampleAdmitted(after the saved cursor) -> GetJobStatus (the head, read after
 the batches were admitted) -> per batch: `Validator.validate_batch` -> sign a `VerdictReport`
@@ -20,13 +20,13 @@ from pathlib import Path
 
 import grpc
 
-from swarmrl.node import tls
-from swarmrl.node.config import ValidatorConfig
-from swarmrl.node.grpc_guard import peer_metadata
-from swarmrl.node.grpc_options import channel_options
-from swarmrl.node.grpc_retry import call_with_backoff, stream_with_backoff
 from swarmrl.node.inference import build_backend
-from swarmrl.node.models import default_cache_dir, find_base_model_by_sha
+from swarmrl.node.models.base_model import default_cache_dir, find_base_model_by_sha
+from swarmrl.node.net import tls
+from swarmrl.node.net.grpc_guard import peer_metadata
+from swarmrl.node.net.grpc_options import channel_options
+from swarmrl.node.net.grpc_retry import call_with_backoff, stream_with_backoff
+from swarmrl.node.runtime.config import ValidatorConfig
 from swarmrl.node.swarm.datasets import DatasetStore, DatasetUnavailable, fetch_dataset
 from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.protocol import signing
@@ -38,10 +38,10 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
 from swarmrl.validator.adapters import SnapshotCache, TrainerAdapters
 from swarmrl.validator.checks import LogprobTolerance
-from swarmrl.validator.metrics import VerdictStats
 from swarmrl.validator.reputation import Reputation
 from swarmrl.validator.sampling import load_or_create_key
 from swarmrl.validator.seen import SeenStore
+from swarmrl.validator.stats import VerdictStats
 from swarmrl.validator.validator import Validator, ValidatorSettings
 
 log = logging.getLogger(__name__)

@@ -27,11 +27,11 @@ from typing import Any
 
 import torch
 
-from swarmrl.node.causal_lm import render_prompt
-from swarmrl.node.episode_play import grade_rows
-from swarmrl.node.grading import GradingError, GradingPool
 from swarmrl.node.inference.base import InferenceBackend
-from swarmrl.node.tasks import grader_for
+from swarmrl.node.models.causal_lm import render_prompt
+from swarmrl.node.tasks.episode_play import grade_rows
+from swarmrl.node.tasks.grading import GradingError, GradingPool
+from swarmrl.node.tasks.job_file import grader_for
 from swarmrl.protocol import signing
 from swarmrl.protocol.envs import job_environment
 from swarmrl.protocol.envs.base import Environment, Grade
@@ -44,12 +44,12 @@ from swarmrl.protocol.verdicts import ALL, FRESHNESS, LOGPROB, REGRADE
 from swarmrl.validator import checks as ck
 from swarmrl.validator.adapters import AdapterSource, VersionUnavailable
 from swarmrl.validator.episodes import check_replay, model_only, model_stats
-from swarmrl.validator.metrics import CheckStats
 from swarmrl.validator.plausibility import DEFAULT_ALPHA, completion_plausibility, log_threshold
 from swarmrl.validator.reputation import Reputation
 from swarmrl.validator.rescoring import Rescored, rescore
 from swarmrl.validator.sampling import GroupPlan, plan_group
 from swarmrl.validator.seen import SeenStore
+from swarmrl.validator.stats import CheckStats
 
 log = logging.getLogger(__name__)
 _PROMPT_CACHE = 4096  # recomputed prompt token ids kept per job

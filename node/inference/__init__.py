@@ -9,21 +9,27 @@ from pathlib import Path
 
 import torch
 
-from swarmrl.node.inference.base import InferenceBackend, LoraShape, SampledCompletion, Sampling
+from swarmrl.node.inference.base import (
+    DEFAULT_LORA_ALPHA,
+    DEFAULT_LORA_RANK,
+    InferenceBackend,
+    LoraShape,
+    SampledCompletion,
+    Sampling,
+)
 
 __all__ = ["BACKENDS", "InferenceBackend", "LoraShape", "SampledCompletion", "Sampling", "build_backend"]
 
 log = logging.getLogger(__name__)
 
 BACKENDS = ("hf", "vllm")
-DEFAULT_LORA_RANK, DEFAULT_LORA_ALPHA = 16, 32  # shape of slots made by set_adapter without add_slot
 
 
 def build_backend(
     kind: str, model_path: Path, *, dtype: torch.dtype | None = None, num_threads: int | None = None,
     vllm_url: str | None = None, vllm_log: Path | None = None, device: str = "auto",
 ) -> InferenceBackend:
-    """Load the prepared base model at `model_path` (see `node.models.prepare_base_model`) into
+    """Load the prepared base model at `model_path` (see `node.models.base_model.prepare_base_model`) into
     backend `kind` ("hf" or "vllm"). dtype defaults to the model's manifest (bf16 Gemma, fp32
     tiny; `device.placement_dtype` of it on a GPU); num_threads, if given, sets torch's
     process-wide thread count (hf); device: "auto" | "cpu" | "cuda" | "cuda:N" (hf; see
@@ -48,9 +54,9 @@ def build_backend(
 
             return start_vllm_backend(model_path, url=vllm_url, log_path=vllm_log)
     if kind == "hf":
-        from swarmrl.node.causal_lm import lora_config
         from swarmrl.node.inference.device import load_on_device
         from swarmrl.node.inference.hf import HFBackend
+        from swarmrl.node.models.causal_lm import lora_config
 
         model, tokenizer = load_on_device(model_path, device, dtype=dtype, num_threads=num_threads)
         return HFBackend(model, tokenizer, lora_config(DEFAULT_LORA_RANK, DEFAULT_LORA_ALPHA))

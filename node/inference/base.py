@@ -23,6 +23,10 @@ from torch import nn
 FinishReason = Literal["stop", "length"]
 
 
+DEFAULT_LORA_RANK, DEFAULT_LORA_ALPHA = 16, 32
+"""The LoRA shape of slots made by `set_adapter` without `add_slot`."""
+
+
 class BackendError(RuntimeError):
     """The inference engine failed (e.g. a vLLM server that crashed or stopped answering), not the
     request: `InferenceBackend.recover` may bring it back, and the same call may then succeed."""

@@ -93,8 +93,8 @@ def load_on_device(
     `placement_dtype` do."""
     from transformers import AutoConfig
 
-    from swarmrl.node.causal_lm import load_causal_lm
-    from swarmrl.node.models import read_manifest
+    from swarmrl.node.models.base_model import read_manifest
+    from swarmrl.node.models.causal_lm import load_causal_lm
 
     where = resolve_device(device)
     wanted = dtype or getattr(torch, read_manifest(Path(path)).get("default_dtype", "float32"))

@@ -34,12 +34,12 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-from swarmrl.node.causal_lm import lora_config as make_lora_config
-from swarmrl.node.causal_lm import vocab_size as model_vocab_size
-from swarmrl.node.causal_lm import with_lora
 from swarmrl.node.inference.base import FinishReason, InferenceBackend, LoraShape, SampledCompletion, Sampling
 from swarmrl.node.inference.scoring import tempered_log_softmax
 from swarmrl.node.inference.stops import completion_end, first_stop
+from swarmrl.node.models.causal_lm import lora_config as make_lora_config
+from swarmrl.node.models.causal_lm import vocab_size as model_vocab_size
+from swarmrl.node.models.causal_lm import with_lora
 
 TOP_P_CANDIDATES = 1024  # top-p looks at the k most likely tokens first, widening k x8 while short of mass
 PLACEHOLDER_ADAPTER = "swarmrl-placeholder"  # peft needs >= 1 adapter; this one stays all-zero, never active

@@ -41,7 +41,6 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from swarmrl.node.causal_lm import lora_config as make_lora_config
 from swarmrl.node.inference.base import FinishReason, InferenceBackend, LoraShape, SampledCompletion, Sampling
 from swarmrl.node.inference.stops import completion_end
 from swarmrl.node.inference.vllm_lora import (
@@ -56,7 +55,8 @@ from swarmrl.node.inference.vllm_lora import (
     write_adapter_folder,
 )
 from swarmrl.node.inference.vllm_server import LOGPROBS_MODE, VLLMServer, VLLMServerError
-from swarmrl.node.models import read_manifest
+from swarmrl.node.models.base_model import read_manifest
+from swarmrl.node.models.causal_lm import lora_config as make_lora_config
 from swarmrl.protocol.grpo.logprob_convention import from_engine
 
 log = logging.getLogger(__name__)

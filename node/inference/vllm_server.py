@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmrl.node.inference.base import BackendError
-from swarmrl.node.procs import alive, descendants, end_processes
+from swarmrl.node.runtime.procs import alive, descendants, end_processes
 
 log = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import peft
 from transformers import AutoConfig
 
-from swarmrl.node.causal_lm import lora_config as make_lora_config
 from swarmrl.node.inference.vllm import VLLMBackend, serving_dtype
 from swarmrl.node.inference.vllm_server import START_TIMEOUT_S, ServerSpec, VLLMServer, kv_cache_bytes_for
 from swarmrl.node.inference.vllm_tiny import VLLM_CPU_HEAD_SIZES
+from swarmrl.node.models.causal_lm import lora_config as make_lora_config
 
 
 def start_vllm_backend(
@@ -29,7 +29,7 @@ def start_vllm_backend(
     can't run (head size) on a machine without a GPU, VLLMServerError if the server doesn't start
     within `start_timeout_s` (default `vllm_server.START_TIMEOUT_S`).
     """
-    from swarmrl.node.inference import DEFAULT_LORA_ALPHA, DEFAULT_LORA_RANK
+    from swarmrl.node.inference.base import DEFAULT_LORA_ALPHA, DEFAULT_LORA_RANK
 
     model_path = Path(model_path)
     config = lora_config or make_lora_config(DEFAULT_LORA_RANK, DEFAULT_LORA_ALPHA)

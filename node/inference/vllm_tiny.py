@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from swarmrl.node.model_recipes import build_tiny_tokenizer
+from swarmrl.node.models.recipes import build_tiny_tokenizer
 
 TINY_VLLM_SEED = 1234
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vllm/v1/attention/backends/cpu_attn.py

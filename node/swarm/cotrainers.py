@@ -15,7 +15,7 @@ converge on one adapter:
 A trainer adopts a cotrainer's adapter only through that cotrainer's signed updates
 (`fetch_chain`), re-signs them with its own key and serves them to its workers. Its calls to a
 cotrainer name it (`swarmrl-peer` metadata) and are retried with backoff when refused as
-overloaded or unreachable (`node.grpc_retry`).
+overloaded or unreachable (`node.net.grpc_retry`).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from functools import partial
 
 import grpc
 
-from swarmrl.node import tls
-from swarmrl.node.grpc_guard import peer_metadata
-from swarmrl.node.grpc_options import channel_options
-from swarmrl.node.grpc_retry import Backoff, call_with_backoff, stream_with_backoff
+from swarmrl.node.net import tls
+from swarmrl.node.net.grpc_guard import peer_metadata
+from swarmrl.node.net.grpc_options import channel_options
+from swarmrl.node.net.grpc_retry import Backoff, call_with_backoff, stream_with_backoff
 from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol.pb import swarm_pb2 as pb

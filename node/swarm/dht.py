@@ -9,6 +9,7 @@ refresh them every `REFRESH_S` (TTL > refresh period + clock skew).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -16,16 +17,19 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import hivemind
 from google.protobuf.message import Message
 from hivemind.utils import get_dht_time
 
-from swarmrl.node import procs
+from swarmrl.node.runtime import procs
 from swarmrl.protocol import signing
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
+
+if TYPE_CHECKING:
+    from swarmrl.node.runtime.config import NetConfig
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
@@ -195,3 +199,15 @@ def find_jobs(dht: hivemind.DHT) -> list[VerifiedRecord]:
             continue
         records.append(VerifiedRecord(record, signer, bytes(envelope.public_key)))
     return records
+
+
+def join_swarm(net: NetConfig) -> hivemind.DHT:
+    """This process's DHT node, shut down at exit.
+
+    Raises:
+        SwarmError: it could not start or join its initial peers (a runtime failure: exit 1).
+    """
+    dht = start_dht(net.initial_peers, host=net.host, port=net.dht_port, announce_maddrs=net.announce_maddrs,
+                    client_mode=net.client_mode)
+    atexit.register(dht.shutdown)  # runs before _end_children (LIFO): a clean shutdown first
+    return dht

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from swarmrl.node.models import fsync_path
+from swarmrl.node.models.base_model import fsync_path
 from swarmrl.node.trainer.adapter_store import write_atomic
 from swarmrl.protocol import adapter as ad
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import TYPE_CHECKING, Any
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
@@ -24,15 +26,42 @@ from swarmrl.protocol.updates import ReceivedUpdate
 if TYPE_CHECKING:
     import torch
 
-    from swarmrl.node.trainer.job import JobRuntime
+    from swarmrl.node.trainer.adapter_store import AdapterStore
+    from swarmrl.node.trainer.learner import Learner
+    from swarmrl.protocol.identity import Identity
 
 log = logging.getLogger(__name__)
 
 
-class CotrainerSync:
-    """The multi-trainer side of one `JobRuntime` (its `swarm` is the job's `JobSwarm`)."""
+class CotrainedJob(Protocol):
+    """What cotraining reads and sets of a job's head (`trainer.job.JobRuntime` is one): its
+    version, hash and tensors, the learner and store behind them, and the lock that guards them."""
 
-    def __init__(self, job: JobRuntime, swarm: JobSwarm) -> None:
+    job_id: str
+    identity: Identity
+    dir: Path
+    lock: threading.RLock
+    learner: Learner
+    store: AdapterStore
+    version: int
+    head_hash: bytes
+    head_state: ad.State
+
+    @property
+    def done(self) -> bool:
+        """Whether the job has reached its steps."""
+
+    def checkpoint(self) -> None:
+        """Write the head (adapter, optimizer, step) atomically."""
+
+    def export(self, out: Path) -> Path:
+        """Export the head adapter in PEFT format into `out`."""
+
+
+class CotrainerSync:
+    """The multi-trainer side of one job (a `CotrainedJob`; its `swarm` is the job's `JobSwarm`)."""
+
+    def __init__(self, job: CotrainedJob, swarm: JobSwarm) -> None:
         self.job, self.swarm = job, swarm
         self._shared: SharedState | None = None
 

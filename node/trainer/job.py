@@ -4,7 +4,7 @@ The step reads like the walk in DESIGN.md: take a batch of admitted groups -> le
 (gradients reduced with cotrainers' when there are any) -> publish the new version as a signed
 delta -> mark the groups trained -> checkpoint. Leases, admission and bans are
 `admission.Admission`; cotrainers are `cotraining.CotrainerSync`; `swarmrl status` is
-`status.job_status`. The clock is injected (unix seconds), so tests drive time.
+`status.job_status` (it reads a job; the job never calls it). The clock is injected (unix seconds), so tests drive time.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 
 from peft import PeftModel
 
-from swarmrl.node.causal_lm import render_prompts, vocab_size
-from swarmrl.node.model_card import write_model_card
+from swarmrl.node.models.card import write_model_card
+from swarmrl.node.models.causal_lm import render_prompts, vocab_size
 from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.node.swarm.job_swarm import JobSwarm
 from swarmrl.node.trainer.adapter_store import AdapterStore, StoredUpdate
@@ -28,7 +28,6 @@ from swarmrl.node.trainer.checkpoint import Checkpoint, load_checkpoint, save_ch
 from swarmrl.node.trainer.cotraining import CotrainerSync
 from swarmrl.node.trainer.learner import Learner
 from swarmrl.node.trainer.ledger import Ledger, PendingGroup
-from swarmrl.node.trainer.status import job_status
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol import delta_codec as dc
 from swarmrl.protocol.envs import job_environment
@@ -322,7 +321,3 @@ class JobRuntime:
         """Count `n` adapter bytes served to `requester` (peer id, or "other")."""
         with self.lock:
             self.upload_bytes[requester or "other"] += n
-
-    def status(self, history: int, verdicts: int = 0, holders: bool = False) -> pb.JobStatus:
-        """`swarmrl status` of this job (`status.job_status`)."""
-        return job_status(self, history, verdicts, holders)

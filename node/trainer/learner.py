@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
 
-from swarmrl.node.causal_lm import lora_config, with_lora
 from swarmrl.node.inference.device import load_on_device
 from swarmrl.node.inference.scoring import completion_logprobs, shared_prompt_logprobs
+from swarmrl.node.models.causal_lm import lora_config, with_lora
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol.grpo import group_advantages, logprob_drift, policy_loss, staleness_histogram
 from swarmrl.protocol.grpo.reduce import GradientReducer, LocalReduce

@@ -24,45 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from swarmrl.node.group_commit import GroupCommit
-from swarmrl.node.sqlite_store import connect
+from swarmrl.node.runtime.group_commit import GroupCommit
+from swarmrl.node.runtime.sqlite import connect
+from swarmrl.node.trainer.ledger_peers import PeerTables
+from swarmrl.node.trainer.ledger_schema import SCHEMA
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    job_id TEXT PRIMARY KEY, envelope BLOB NOT NULL, created_ms INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS leases (
-    lease_id TEXT PRIMARY KEY, job_id TEXT NOT NULL, peer_id TEXT NOT NULL, lease BLOB NOT NULL,
-    deadline_ms INTEGER NOT NULL, open INTEGER NOT NULL DEFAULT 1);
-CREATE TABLE IF NOT EXISTS batches (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, batch_id TEXT UNIQUE NOT NULL, job_id TEXT NOT NULL,
-    peer_id TEXT NOT NULL, lease_id TEXT NOT NULL, received_ms INTEGER NOT NULL, envelope BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS groups (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, batch_seq INTEGER NOT NULL, job_id TEXT NOT NULL,
-    lease_id TEXT NOT NULL, peer_id TEXT NOT NULL, prompt_index INTEGER NOT NULL,
-    policy_version INTEGER NOT NULL, grp BLOB NOT NULL, state TEXT NOT NULL DEFAULT 'pending',
-    step INTEGER, note TEXT, UNIQUE (job_id, prompt_index));
-CREATE INDEX IF NOT EXISTS groups_pending ON groups (job_id, state, id);
-CREATE INDEX IF NOT EXISTS groups_batch ON groups (batch_seq);
-CREATE INDEX IF NOT EXISTS batches_lease ON batches (lease_id);
-CREATE INDEX IF NOT EXISTS batches_whole ON batches (job_id, received_ms) WHERE length(envelope) > 0;
-CREATE TABLE IF NOT EXISTS rejections (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, peer_id TEXT NOT NULL,
-    reason TEXT NOT NULL, at_ms INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS steps (
-    job_id TEXT NOT NULL, step INTEGER NOT NULL, metrics TEXT NOT NULL, PRIMARY KEY (job_id, step));
-CREATE TABLE IF NOT EXISTS verdicts (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, validator_id TEXT NOT NULL,
-    peer_id TEXT NOT NULL, batch_id TEXT NOT NULL, prompt_index INTEGER NOT NULL,
-    passed INTEGER NOT NULL, checkname TEXT NOT NULL, detail TEXT NOT NULL, at_ms INTEGER NOT NULL,
-    UNIQUE (validator_id, batch_id, prompt_index));
-CREATE TABLE IF NOT EXISTS bans (
-    job_id TEXT NOT NULL, peer_id TEXT NOT NULL, reason TEXT NOT NULL, at_ms INTEGER NOT NULL,
-    until_ms INTEGER NOT NULL, PRIMARY KEY (job_id, peer_id));
-CREATE INDEX IF NOT EXISTS verdicts_peer ON verdicts (job_id, peer_id, passed);
-CREATE TABLE IF NOT EXISTS strikes (
-    job_id TEXT NOT NULL, peer_id TEXT NOT NULL, count INTEGER NOT NULL, PRIMARY KEY (job_id, peer_id));
-"""
 COMPACT_BATCHES = 1000   # batches one Ledger.compact call clears at most
 
 
@@ -75,12 +42,12 @@ class PendingGroup:
     group: pb.Group
 
 
-class Ledger:
+class Ledger(PeerTables):
     """Thread-safe SQLite ledger (one connection, serialized by a lock).
 
     synchronous: "full" (default): every write method returns only once its transaction is on
     disk (the write-ahead log synced), so an acknowledged group survives a power loss or an OS
-    crash. The sync is a group commit (`node.group_commit`): transactions committed while one
+    crash. The sync is a group commit (`node.runtime.group_commit`): transactions committed while one
     sync runs share the next, so concurrent admissions need fewer than one sync each, and
     `admit(sync=False)` lets the admission gate take the next batch while its own commit is
     being synced (the caller then calls `sync()` before answering). "normal" never waits for
@@ -90,7 +57,7 @@ class Ledger:
     (benchmarks/admission_throughput.py) and is the operator's call (TrainerConfig.ledger_sync);
     the default keeps the stronger promise.
 
-    Raises (any write, with "full"): node.group_commit.WalSyncError when the log can't be
+    Raises (any write, with "full"): node.runtime.group_commit.WalSyncError when the log can't be
     synced; from then on the ledger refuses every write (restart the trainer).
 
     Reads (this connection) see a committed transaction before its sync ends, e.g. the next
@@ -122,7 +89,7 @@ class Ledger:
 
     def sync(self) -> None:
         """Return once every transaction committed so far is on disk (with "full"; at once with
-        "normal"). Raises node.group_commit.WalSyncError as the write methods do."""
+        "normal"). Raises node.runtime.group_commit.WalSyncError as the write methods do."""
         if self._group is not None:
             self._group.wait(self._group.last())
 
@@ -358,20 +325,7 @@ class Ledger:
             out[table], out[key] = int(n), int(size)
         return out
 
-    # ---- rejections, steps and verdicts
-    def reject(self, job_id: str, peer_id: str, reason: str, now_ms: int, count: int = 1) -> None:
-        """Record `count` rejections of `peer_id`'s groups (or batch) for `reason`, at unix ms `now_ms`."""
-        with self._tx() as db:
-            db.executemany(
-                "INSERT INTO rejections (job_id, peer_id, reason, at_ms) VALUES (?,?,?,?)",
-                [(job_id, peer_id, reason, now_ms)] * count,
-            )
-
-    def rejection_counts(self, job_id: str) -> Counter[str]:
-        """Rejection reason -> number of rejections recorded for the job."""
-        rows = self._query("SELECT reason, COUNT(*) FROM rejections WHERE job_id = ? GROUP BY reason", (job_id,))
-        return Counter({r: n for r, n in rows})
-
+    # ---- steps
     def record_step(self, job_id: str, step: int, metrics: dict[str, Any]) -> None:
         """Store step `step`'s metrics (replaces an earlier row for the same step).
 
@@ -384,98 +338,6 @@ class Ledger:
         """Every recorded step's metrics dict for the job, by step ascending."""
         return [json.loads(m) for (m,) in self._query("SELECT metrics FROM steps WHERE job_id = ? ORDER BY step", (job_id,))]
 
-    def add_verdicts(self, job_id: str, validator_id: str, verdicts: Iterable[pb.Verdict], now_ms: int) -> None:
-        """Record validator `validator_id`'s verdicts for the job at unix ms `now_ms`.
-
-        A verdict the same validator already gave for the same (batch, prompt index) is ignored.
-        """
-        with self._tx() as db:
-            db.executemany(
-                "INSERT OR IGNORE INTO verdicts (job_id, validator_id, peer_id, batch_id, prompt_index, passed, checkname,"
-                " detail, at_ms) VALUES (?,?,?,?,?,?,?,?,?)",
-                [
-                    (job_id, validator_id, v.peer_id, v.batch_id, v.prompt_index, int(v.passed), v.check, v.detail, now_ms)
-                    for v in verdicts
-                ],
-            )
-
-    def recent_verdicts(self, job_id: str, limit: int) -> list[pb.VerdictRecord]:
-        """The job's newest `limit` verdicts, newest first."""
-        rows = self._query(
-            "SELECT validator_id, peer_id, batch_id, prompt_index, passed, checkname, detail, at_ms FROM verdicts"
-            " WHERE job_id = ? ORDER BY rowid DESC LIMIT ?", (job_id, limit))
-        return [pb.VerdictRecord(verdict=pb.Verdict(job_id=job_id, peer_id=p, batch_id=b, prompt_index=i, passed=bool(ok),
-                                                    check=c, detail=d), validator_id=v, at_ms=t)
-                for v, p, b, i, ok, c, d, t in rows]
-
-    def verdict_counts(self, job_id: str) -> tuple[int, int]:
-        """(checked, failed) verdicts for a job."""
-        rows = self._query("SELECT COUNT(*), COALESCE(SUM(1 - passed), 0) FROM verdicts WHERE job_id = ?", (job_id,))
-        return int(rows[0][0]), int(rows[0][1])
-
-    # ---- bans and per-peer figures
-    def add_ban(self, job_id: str, peer_id: str, reason: str, at_ms: int, until_ms: int) -> None:
-        """Record (or replace) the peer's ban from the job: `reason`, unix ms `at_ms` to `until_ms`."""
-        with self._tx() as db:
-            db.execute("INSERT OR REPLACE INTO bans VALUES (?, ?, ?, ?, ?)", (job_id, peer_id, reason, at_ms, until_ms))
-
-    def remove_ban(self, job_id: str, peer_id: str) -> None:
-        """Forget the peer's ban from the job (no-op if not banned)."""
-        with self._tx() as db:
-            db.execute("DELETE FROM bans WHERE job_id = ? AND peer_id = ?", (job_id, peer_id))
-
-    def bans(self, job_id: str) -> list[tuple[str, str, int, int]]:
-        """(peer_id, reason, at_ms, until_ms) of the job's bans."""
-        return [(p, r, int(a), int(u)) for p, r, a, u in self._query(
-            "SELECT peer_id, reason, at_ms, until_ms FROM bans WHERE job_id = ?", (job_id,))]
-
-    def set_strikes(self, job_id: str, peer_id: str, count: int) -> None:
-        """Record the peer's attributable admission failures (0 forgets them)."""
-        with self._tx() as db:
-            if count:
-                db.execute("INSERT OR REPLACE INTO strikes VALUES (?, ?, ?)", (job_id, peer_id, count))
-            else:
-                db.execute("DELETE FROM strikes WHERE job_id = ? AND peer_id = ?", (job_id, peer_id))
-
-    def strikes(self, job_id: str) -> dict[str, int]:
-        """peer_id -> attributable admission failures recorded for the job."""
-        return {p: int(n) for p, n in self._query("SELECT peer_id, count FROM strikes WHERE job_id = ?", (job_id,))}
-
     def lease_exposed(self, lease_id: str) -> bool:
         """True once a batch answering the lease was recorded (SampleAdmitted then shows the lease)."""
         return bool(self._query("SELECT 1 FROM batches WHERE lease_id = ? LIMIT 1", (lease_id,)))
-
-    def _per_peer(self, sql: str, job_id: str) -> dict[str, Counter[str]]:
-        """peer -> key -> count from `sql` returning (peer_id, key, count) rows for `job_id`."""
-        out: dict[str, Counter[str]] = {}
-        for p, key, n in self._query(sql, (job_id,)):
-            out.setdefault(p, Counter())[key] = n
-        return out
-
-    def peer_state_counts(self, job_id: str) -> dict[str, Counter[str]]:
-        """peer -> group state ("pending", "trained", "dropped") -> count (their sum: admitted)."""
-        return self._per_peer(
-            "SELECT peer_id, state, COUNT(*) FROM groups WHERE job_id = ? GROUP BY peer_id, state", job_id)
-
-    def dropped_banned(self, job_id: str) -> int:
-        """Admitted groups dropped because their peer was banned."""
-        return int(self._query("SELECT COUNT(*) FROM groups WHERE job_id = ? AND state = 'dropped'"
-                               " AND note LIKE 'banned%'", (job_id,))[0][0])
-
-    def peer_rejections(self, job_id: str) -> dict[str, Counter[str]]:
-        """peer -> rejection reason -> count."""
-        return self._per_peer(
-            "SELECT peer_id, reason, COUNT(*) FROM rejections WHERE job_id = ? GROUP BY peer_id, reason", job_id)
-
-    def peer_first_seen(self, job_id: str) -> dict[str, int]:
-        """peer -> unix ms of its first batch here (admitted or rejected)."""
-        rows = self._query(
-            "SELECT peer_id, MIN(t) FROM (SELECT peer_id, received_ms AS t FROM batches WHERE job_id = ?"
-            " UNION ALL SELECT peer_id, at_ms AS t FROM rejections WHERE job_id = ?) GROUP BY peer_id", (job_id, job_id))
-        return {p: int(t) for p, t in rows}
-
-    def peer_verdict_counts(self, job_id: str) -> dict[str, tuple[int, int]]:
-        """peer -> (verdicts, failed verdicts)."""
-        rows = self._query("SELECT peer_id, COUNT(*), COALESCE(SUM(1 - passed), 0) FROM verdicts WHERE job_id = ?"
-                           " GROUP BY peer_id", (job_id,))
-        return {p: (int(n), int(f)) for p, n, f in rows}

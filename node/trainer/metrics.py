@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import Metric
 
-from swarmrl.node.metrics import Families
+from swarmrl.node.ops.metrics import Families
 
 if TYPE_CHECKING:
+    from swarmrl.node.trainer.hosting import Trainer
     from swarmrl.node.trainer.job import JobRuntime
-    from swarmrl.node.trainer.main import Trainer
 
 P = "swarmrl_trainer_"
 LAST_STEP = {  # metrics row key -> (gauge, help)

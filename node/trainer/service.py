@@ -3,10 +3,10 @@
 Each handler verifies the envelope it receives, answers with a reason on bad input and never
 lets one peer's malformed message stop the server. Lease requests and submissions are rate limited
 per source address (before the signature is checked) and per verified peer id
-(`node.rate_limits`); a refused lease is a reply with reason and retry hint, a refused submission
+(`node.net.rate_limits`); a refused lease is a reply with reason and retry hint, a refused submission
 ends its stream with RESOURCE_EXHAUSTED and the hint, so the worker backs off and resends the same
 signed batch. Refusals are counted per job (`JobStatus.refused`). Streams are bounded by the
-server's guard (`node.grpc_guard`).
+server's guard (`node.net.grpc_guard`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from swarmrl.node.grpc_guard import RETRY_AFTER_KEY, source_address
-from swarmrl.node.grpc_limits import GrpcLimits
-from swarmrl.node.grpc_server import GuardedServer, build_server
-from swarmrl.node.rate_limits import Kind, RateLimiter, RateLimits, retry_ms
+from swarmrl.node.net.grpc_guard import RETRY_AFTER_KEY, source_address
+from swarmrl.node.net.grpc_server import GuardedServer, build_server
+from swarmrl.node.net.rate_limits import Kind, RateLimiter, retry_ms
+from swarmrl.node.runtime.limits import GrpcLimits, RateLimits
+from swarmrl.node.trainer.status import job_status
 from swarmrl.protocol import signing
 from swarmrl.protocol.admission import claimed_job_id
 from swarmrl.protocol.blobs import blob_chunks
@@ -29,13 +30,13 @@ from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
 from swarmrl.protocol.updates import VersionNotKept, chunks
 
 if TYPE_CHECKING:
-    from swarmrl.node.trainer.main import Trainer
+    from swarmrl.node.trainer.hosting import Trainer
 
 log = logging.getLogger(__name__)
 
 
 class TrainerService(pb_grpc.TrainerServicer):
-    """Implements swarmrl.v1.Trainer on top of a `Trainer` (node.trainer.main)."""
+    """Implements swarmrl.v1.Trainer on top of a `Trainer` (node.trainer.hosting)."""
 
     def __init__(self, trainer: Trainer, rate_limits: RateLimits | None = None) -> None:
         self.trainer = trainer
@@ -128,7 +129,7 @@ class TrainerService(pb_grpc.TrainerServicer):
         job = self.trainer.jobs.get(request.job_id)
         if job is None:
             return pb.JobStatus(job_id=request.job_id, state="unknown")
-        return job.status(request.history, request.verdicts, request.holders)
+        return job_status(job, request.history, request.verdicts, request.holders)
 
     def SampleAdmitted(self, request: pb.SampleRequest, context: grpc.ServicerContext) -> Iterator[pb.AdmittedBatch]:
         """Stream admitted batches of a job after ledger sequence `after_seq` (at most
@@ -153,8 +154,8 @@ def serve(trainer: Trainer, host: str, port: int, max_message_mb: int, *, limits
           credentials: grpc.ServerCredentials | None = None) -> tuple[GuardedServer, int]:
     """Start the trainer's gRPC server on host:port (0 = any free port), with health and
     reflection, stream bounds `limits` and rate limits `rate_limits` (defaults when None), over
-    TLS with `credentials` (node/tls.py), else plaintext; returns (server, bound port).
-    `server.stop(grace)` is bounded (node.grpc_server)."""
+    TLS with `credentials` (node/net/tls.py), else plaintext; returns (server, bound port).
+    `server.stop(grace)` is bounded (node.net.grpc_server)."""
     service = TrainerService(trainer, rate_limits)
     return build_server(host, port, max_message_mb=max_message_mb, limits=limits or GrpcLimits(),
                         services=["swarmrl.v1.Trainer"],

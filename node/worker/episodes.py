@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from swarmrl.node.causal_lm import render_prompt
-from swarmrl.node.episode_play import play_episodes, trace_completion
 from swarmrl.node.inference.base import InferenceBackend, Sampling
+from swarmrl.node.models.causal_lm import render_prompt
+from swarmrl.node.tasks.episode_play import play_episodes, trace_completion
 from swarmrl.protocol.envs.base import PromptSpec
 from swarmrl.protocol.envs.episode import EpisodeEnv
 from swarmrl.protocol.episode_limits import episode_limits

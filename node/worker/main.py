@@ -18,26 +18,26 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
-from swarmrl.node import tls
-from swarmrl.node.config import WorkerConfig
 from swarmrl.node.inference import build_backend
-from swarmrl.node.metrics import metrics_urls, start_metrics
-from swarmrl.node.models import (
+from swarmrl.node.models.base_model import (
     base_model_sha256,
     default_cache_dir,
     find_base_model,
     is_builtin_model,
     resolve_model_name,
 )
-from swarmrl.node.runtime import start_role, write_ready
+from swarmrl.node.net import tls
+from swarmrl.node.ops.metrics import metrics_urls, start_metrics
+from swarmrl.node.runtime.config import WorkerConfig
+from swarmrl.node.runtime.lifecycle import start_role, write_ready
 from swarmrl.node.swarm.datasets import DatasetFetchStats, DatasetStore, DatasetUnavailable
-from swarmrl.node.swarm.dht import VerifiedRecord, find_jobs
+from swarmrl.node.swarm.dht import VerifiedRecord, find_jobs, join_swarm
 from swarmrl.node.swarm.env_records import EnvAnnouncer, env_infos, package_mismatch
 from swarmrl.node.swarm.gossip import GossipNode, UpdateCache
 from swarmrl.node.worker.engine import EngineFailed
+from swarmrl.node.worker.metrics import retired, worker_metrics
 from swarmrl.node.worker.red_team import RedTeam
 from swarmrl.node.worker.session import AdapterBehind, JobSession
-from swarmrl.node.worker.stats import retired, worker_metrics
 from swarmrl.protocol.envs import get_environment, installed_environments
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
@@ -155,7 +155,7 @@ class Worker:
         self.finished[rec.record.job_id] = {"version": session.replica.version, "hash": session.replica.hash.hex(),
                                             "trainer": session.record.trainer_id, "sync": session.sync.stats.report()}
         session.close()
-        self.retired[rec.record.job_id] = retired(session)   # its metrics stay (worker.stats)
+        self.retired[rec.record.job_id] = retired(session)   # its metrics stay (worker.metrics)
         del self.sessions[rec.record.job_id]
         log.info("job %s done; holding final version %d", rec.record.job_id, session.replica.version)
 
@@ -276,11 +276,12 @@ class Worker:
 
 def run(cfg: WorkerConfig) -> None:
     """Start the worker and work until SIGTERM (or, with exit_when_done, until its jobs are done)."""
-    stop, identity, dht = start_role("worker", cfg.key, cfg.net, cfg.threads)
+    stop, identity = start_role("worker", cfg.key, cfg.threads)
+    dht = join_swarm(cfg.net)
     cache = UpdateCache(keep_deltas=cfg.keep_deltas, keep_jobs=cfg.keep_jobs)
     gossip = GossipNode(dht, identity, cache, dialable=not cfg.net.client_mode) if cfg.gossip else None
     worker = Worker(cfg, identity, dht, gossip)
-    ops = start_metrics(cfg.metrics_host, cfg.metrics_port, lambda: worker_metrics(worker))
+    ops = start_metrics(cfg.metrics_host, cfg.metrics_port, lambda: worker_metrics(worker.sessions, worker.retired))
     worker.ops_urls = metrics_urls(ops)
     write_ready(cfg.ready_file, worker.report())
     if worker.announcer is not None:

@@ -37,9 +37,9 @@ from typing import Any
 
 import torch
 
-from swarmrl.node.causal_lm import encode_prompt
-from swarmrl.node.episode_play import encode_observation
 from swarmrl.node.inference.base import Sampling
+from swarmrl.node.models.causal_lm import encode_prompt
+from swarmrl.node.tasks.episode_play import encode_observation
 from swarmrl.node.worker.session import JobSession, RoundResult
 from swarmrl.protocol.envs import Environment, PromptSpec
 from swarmrl.protocol.envs.arithmetic import apply_op, format_prompt

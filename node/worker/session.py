@@ -17,18 +17,18 @@ from typing import Any
 
 import hivemind
 
-from swarmrl.node import tls
-from swarmrl.node.causal_lm import render_prompt
-from swarmrl.node.episode_play import grade_rows
-from swarmrl.node.grpc_guard import peer_metadata
-from swarmrl.node.grpc_options import channel_options
-from swarmrl.node.grpc_retry import call_with_backoff
 from swarmrl.node.inference.base import InferenceBackend, SampledCompletion, Sampling
-from swarmrl.node.models import default_cache_dir
+from swarmrl.node.models.base_model import default_cache_dir
+from swarmrl.node.models.causal_lm import render_prompt
+from swarmrl.node.net import tls
+from swarmrl.node.net.grpc_guard import peer_metadata
+from swarmrl.node.net.grpc_options import channel_options
+from swarmrl.node.net.grpc_retry import call_with_backoff
 from swarmrl.node.swarm.catchup import CatchUp
 from swarmrl.node.swarm.datasets import DatasetFetchStats, DatasetStore, fetch_dataset
 from swarmrl.node.swarm.gossip import GossipNode
-from swarmrl.node.tasks import grader_for
+from swarmrl.node.tasks.episode_play import grade_rows
+from swarmrl.node.tasks.job_file import grader_for
 from swarmrl.node.worker.engine import with_recovery
 from swarmrl.node.worker.episodes import episode_groups
 from swarmrl.node.worker.stats import SessionStats
@@ -140,7 +140,7 @@ class JobSession:
 
     def request_lease(self) -> pb.Lease | None:
         """Ask the trainer for a lease of up to `max_prompts` prompts (signed request, 30 s timeout;
-        refused as overloaded or unreachable, retried with backoff: `node.grpc_retry`).
+        refused as overloaded or unreachable, retried with backoff: `node.net.grpc_retry`).
 
         Returns None when it grants none (its reason goes to `last_refusal`). Raises grpc.RpcError
         when the trainer can't be reached.
@@ -247,7 +247,7 @@ class JobSession:
 
     def submit(self, lease: pb.Lease, envelope: pb.Signed, n_groups: int) -> RoundResult:
         """Send a signed batch to the trainer (60 s timeout; refused as overloaded or
-        unreachable, the same batch is resent with backoff: `node.grpc_retry`) and read its receipt.
+        unreachable, the same batch is resent with backoff: `node.net.grpc_retry`) and read its receipt.
 
         Returns what was admitted, with the rejection reasons (the batch's, or each rejected group's).
         Raises grpc.RpcError when the trainer can't be reached.

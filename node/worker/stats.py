@@ -1,24 +1,10 @@
-"""A worker's per-job tallies (one line at each event of `JobSession`) and its Prometheus metrics,
-read from the sessions at scrape time: tokens/s, rollouts generated, graded, submitted, refused
-by reason, adapter catch-up latency, version lag, adapter bytes from peers vs the trainer."""
+"""A worker's per-job tallies, one line at each event of `JobSession`: tokens, rollouts generated,
+graded, submitted, refused by reason, catch-ups. `metrics.py` reads them at scrape time."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from types import SimpleNamespace
-from typing import TYPE_CHECKING
-
-from prometheus_client.core import Metric
-
-from swarmrl.node.metrics import Families
-
-if TYPE_CHECKING:
-    from swarmrl.node.worker.main import Worker
-    from swarmrl.node.worker.session import JobSession
-
-P = "swarmrl_worker_"
 
 
 @dataclass
@@ -57,59 +43,3 @@ class SessionStats:
         self.catchups += 1
         self.catchup_seconds += seconds
         self.last_catchup_seconds = seconds
-
-
-def worker_metrics(worker: Worker) -> Iterator[Metric]:
-    """The worker's metric families at scrape time, over its live and retired job sessions."""
-    f = Families()
-    sessions: dict[str, JobSession | SimpleNamespace] = {**worker.retired, **worker.sessions}
-    for job_id, s in sessions.items():
-        session_families(f, job_id, s)
-    yield from f
-
-
-def retired(session: JobSession) -> SimpleNamespace:
-    """What the metrics still read of a finished job's session (its counters stay monotonic)."""
-    return SimpleNamespace(stats=session.stats, record=session.record,
-                           replica=SimpleNamespace(version=session.replica.version),
-                           sync=SimpleNamespace(stats=session.sync.stats, gossip=session.sync.gossip))
-
-
-def session_families(f: Families, job_id: str, session: JobSession | SimpleNamespace) -> None:
-    """Add one job session's samples (tokens, rollouts, leases, catch-ups, version) to `f`; a
-    finished job's session is its `retired` stand-in."""
-    j, s = {"job_id": job_id}, session.stats
-    f.counter(P + "generated_tokens_total", "completion tokens generated", j, s.tokens)
-    f.counter(P + "generate_seconds_total", "wall time spent generating (tokens/s = rate of the two)", j,
-              s.generate_seconds)
-    f.gauge(P + "tokens_per_second", "generation throughput of the last lease", j, s.last_tokens_per_second)
-    f.counter(P + "rollouts_generated_total", "completions sampled", j, s.rollouts_generated)
-    f.counter(P + "rollouts_graded_total", "completions graded (failures included)", j, s.rollouts_graded)
-    f.counter(P + "grade_failures_total", "completions whose grading failed", j, s.grade_failures)
-    f.counter(P + "groups_submitted_total", "groups submitted to the trainer", j, s.groups_submitted)
-    f.counter(P + "groups_admitted_total", "submitted groups the trainer admitted", j, s.groups_admitted)
-    for reason, n in sorted(s.groups_refused.items()):
-        f.counter(P + "groups_refused_total", "submitted groups the trainer refused, by reason",
-                  {**j, "reason": reason}, n)
-    for reason, n in sorted(s.groups_dropped.items()):
-        f.counter(P + "groups_dropped_total", "groups generated but never signed, by reason", {**j, "reason": reason}, n)
-    f.counter(P + "engine_faults_total", "inference engine failures (each retried after recovery, or the lease skipped)",
-              j, s.engine_faults)
-    for reason, n in sorted(s.leases_refused.items()):
-        f.counter(P + "leases_refused_total", "lease requests refused, by reason", {**j, "reason": reason}, n)
-    f.counter(P + "adapter_catchups_total", "catch-ups that moved the adapter to a newer version", j, s.catchups)
-    f.counter(P + "adapter_catchup_seconds_total", "wall time spent in those catch-ups", j, s.catchup_seconds)
-    f.gauge(P + "adapter_catchup_last_seconds", "duration of the last catch-up that moved the adapter", j,
-            s.last_catchup_seconds)
-    head, held = int(session.record.head_version), session.replica.version
-    f.gauge(P + "adapter_version", "adapter version held for the job", j, held)
-    f.gauge(P + "adapter_version_lag", "head version announced by the trainer minus the version held", j,
-            max(0, head - held))
-    sync = session.sync.stats
-    for source, n in (("peer", sync.bytes_from_peers), ("trainer", sync.bytes_from_trainer)):
-        f.counter(P + "adapter_received_bytes_total", "adapter payload bytes received, by source",
-                  {**j, "source": source}, n)
-    f.counter(P + "adapter_deltas_rejected_total", "signed deltas whose payload was malformed (not applied)", j,
-              sync.rejected)
-    served = session.sync.gossip.served_bytes(job_id) if session.sync.gossip is not None else 0
-    f.counter(P + "adapter_served_bytes_total", "adapter payload bytes this worker served to peers", j, served)

@@ -73,7 +73,7 @@ def _load_entry(ep: importlib.metadata.EntryPoint) -> type[Environment] | Any:
     obj = ep.load()
     if isinstance(obj, type) and issubclass(obj, Environment):
         return obj
-    from swarmrl.protocol.envs.verifiers_adapter import adapt_verifiers
+    from swarmrl.protocol.envs.verifiers_load import adapt_verifiers
 
     return adapt_verifiers(obj)
 

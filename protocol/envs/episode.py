@@ -77,7 +77,7 @@ class EpisodeEnv(Environment):
         """The answer to the model's `turns` (the last is the new one); `len(turns) >= 1`.
 
         Must be a pure function of (spec, turns) when `deterministic`. Raises whatever the
-        environment's code raises: players (`node.episode_play`) end the episode with the
+        environment's code raises: players (`node.tasks.episode_play`) end the episode with the
         error as its last observation.
         """
         raise NotImplementedError

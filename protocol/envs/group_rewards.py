@@ -8,7 +8,7 @@ it sees one group or a whole lease's batch, and a validator that re-grades a sin
 the same rows gets the same values (tests/unit/test_group_rewards.py).
 
 Environments that use one set `group_rewards = True`; players and graders then add the `group`
-column (`node.episode_play.grade_rows`).
+column (`node.tasks.episode_play.grade_rows`).
 """
 
 from __future__ import annotations

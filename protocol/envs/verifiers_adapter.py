@@ -1,5 +1,5 @@
 """Run an environment written for `verifiers` as a swarmrl `Environment` (multi-turn ones as an
-`EpisodeEnv`: `verifiers_multiturn.py`).
+`EpisodeEnv`: `verifiers_multiturn.py`; `verifiers_load.adapt_verifiers` picks which).
 
 Written against verifiers' classic API (verifiers 0.3.1, the `swarmrl[verifiers]` extra; from
 0.3.1 on it lives in `verifiers.legacy`, still answering as `import verifiers as vf`): a module
@@ -22,17 +22,11 @@ becomes a TRL-style batch function (`VerifiersReward`), so the grading pool runs
 sandboxed subprocess as any installed environment's. The environment's `name`/`version` come
 from the module (`__name__`, `__version__` or "0"); sampling `stop` and `max_tokens` from the
 environment's `sampling_args` when it sets them.
-
-Loading keeps the process's SIGINT/SIGTERM handlers: verifiers' `Environment.__post_init__` would
-install its own (teardown, then exit 143), and fail on any thread but the main one.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import signal
-import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -44,7 +38,6 @@ from swarmrl.protocol.envs.verifiers_replay import (
     call_reward,
     content_text,
     finished,
-    verifiers_module,
 )
 
 STATE_CACHE = 256
@@ -183,58 +176,3 @@ class VerifiersEnv(Environment):
             while len(self._states) > STATE_CACHE:
                 self._states.popitem(last=False)
         return state
-
-
-class _NoSignalHandlers:
-    """The `signal` module as verifiers' `Environment` sees it while loading: `signal()` installs
-    nothing (it would replace the node's SIGINT/SIGTERM handlers with verifiers' teardown-and-exit,
-    and raises off the main thread); everything else is the real module's."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(signal, name)
-
-    @staticmethod
-    def signal(signum: int, handler: Any) -> None:
-        """Install nothing."""
-
-
-_LOADING = threading.Lock()
-
-
-@contextlib.contextmanager
-def _no_signal_handlers(vf: Any) -> Iterator[None]:
-    """While loading, verifiers' environment module installs no signal handler (any thread)."""
-    module: Any = sys.modules[vf.Environment.__module__]
-    with _LOADING:
-        real = module.signal
-        module.signal = _NoSignalHandlers()
-        try:
-            yield
-        finally:
-            module.signal = real
-
-
-def adapt_verifiers(module: Any, **kwargs: Any) -> VerifiersEnv:
-    """`module.load_environment(**kwargs)` adapted.
-
-    Raises:
-        ValueError: the module has no `load_environment`, verifiers is not installed, or what it
-            returns is not a verifiers `MultiTurnEnv` (a v1 environment, say).
-    """
-    load = getattr(module, "load_environment", None)
-    if load is None:
-        raise ValueError(f"{getattr(module, '__name__', module)!r} is neither an Environment nor has load_environment()")
-    name = str(getattr(module, "__name__", "verifiers")).rsplit(".", 1)[-1]
-    vf = verifiers_module()
-    with _no_signal_handlers(vf):
-        vf_env = load(**kwargs)
-    if not isinstance(vf_env, vf.MultiTurnEnv):   # ValueError: what every loader caller handles
-        raise ValueError(  # noqa: TRY004
-            f"{name}.load_environment() returned a {type(vf_env).__module__}.{type(vf_env).__name__}, "
-            "not a verifiers MultiTurnEnv (the classic API; v1 environments are not supported)")
-    version = str(getattr(module, "__version__", "0"))
-    if vf_env.max_turns == 1:
-        return VerifiersEnv(vf_env, name, version)
-    from swarmrl.protocol.envs.verifiers_multiturn import VerifiersEpisodeEnv
-
-    return VerifiersEpisodeEnv(vf_env, name, version)

@@ -155,7 +155,7 @@ class JobRecord(_message.Message):
     """the job's JobSpec (canonical JSON), so workers need no extra call"""
     trainer_public_key: _builtins.bytes
     tls_cert_sha256: _builtins.bytes
-    """sha256 of the DER certificate the trainer's gRPC server presents (node/tls.py); empty: the
+    """sha256 of the DER certificate the trainer's gRPC server presents (node/net/tls.py); empty: the
     endpoint is plaintext. Workers pin it: no certificate authority is involved.
     """
     @_builtins.property

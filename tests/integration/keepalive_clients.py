@@ -30,8 +30,8 @@ from typing import Any, ClassVar
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]  # no stubs installed
 
-from swarmrl.node.grpc_limits import GrpcLimits
-from swarmrl.node.grpc_options import channel_options
+from swarmrl.node.net.grpc_options import channel_options
+from swarmrl.node.runtime.limits import GrpcLimits
 
 GOAWAY_MARKERS = ("GOAWAY", "too_many_pings")   # what grpc's C core logs on stderr when it gets one
 

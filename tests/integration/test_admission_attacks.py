@@ -10,10 +10,10 @@ import time
 import pytest
 
 from swarmrl.node.inference import build_backend
-from swarmrl.node.jobs import builtin_job
-from swarmrl.node.local import LocalSwarm
-from swarmrl.node.models import prepare_base_model
-from swarmrl.node.submitter import job_status, stub, submit_job
+from swarmrl.node.local.processes import LocalSwarm
+from swarmrl.node.models.base_model import prepare_base_model
+from swarmrl.node.submitter.client import job_status, stub, submit_job
+from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.node.worker.session import JobSession
 from swarmrl.protocol import signing
 from swarmrl.protocol.identity import Identity

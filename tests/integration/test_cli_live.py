@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from swarmrl.node.local import LocalSwarm
+from swarmrl.node.local.processes import LocalSwarm
 
 pytestmark = pytest.mark.integration
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "swarmrl.node.cli", *argv], check=False, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "swarmrl.node.cli.main", *argv], check=False, capture_output=True,
                           text=True, timeout=300, env={**os.environ, "SWARMRL_TRACEBACK": ""})
 
 

@@ -56,7 +56,7 @@ def swarm(tmp_path, model_cache):
     out = tmp_path / "up"
     log = open(tmp_path / "up.log", "w")  # noqa: SIM115 - closed after the swarm stops
     proc = subprocess.Popen(
-        [sys.executable, "-m", "swarmrl.node.cli", "up", "--model", "tiny", "--steps", str(STEPS), "--workers", "2",
+        [sys.executable, "-m", "swarmrl.node.cli.main", "up", "--model", "tiny", "--steps", str(STEPS), "--workers", "2",
          "--out", str(out), "--cache-dir", str(model_cache), "--timeout", "600"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -99,7 +99,7 @@ def test_dashboard_in_a_browser(swarm) -> None:
                 "table.peers tr[data-role='worker']",
                 "rs => rs.map(r => [r.dataset.peer, +r.querySelector('td.admitted').textContent])")
             status = json.loads(subprocess.run(
-                [sys.executable, "-m", "swarmrl.node.cli", "status", endpoints["dashboard"].rsplit("/", 1)[1],
+                [sys.executable, "-m", "swarmrl.node.cli.main", "status", endpoints["dashboard"].rsplit("/", 1)[1],
                  "--trainer", trainer, "--json"], capture_output=True, text=True, check=True, timeout=60).stdout)
             listed = {p["peerId"]: int(p.get("groupsAdmitted", 0)) for p in status.get("peers", [])}
             # The status was read after the page: a worker whose first group was admitted in between is
@@ -115,7 +115,7 @@ def test_dashboard_in_a_browser(swarm) -> None:
                                ("trainer", "swarmrl_trainer_steps_total"), ("validator", "swarmrl_validator_peers")):
                 assert name in _get(endpoints["metrics"][role])[1], role
             job_id = endpoints["dashboard"].rsplit("/", 1)[1]
-            remote = subprocess.Popen([sys.executable, "-m", "swarmrl.node.cli", "dashboard", "--trainer", trainer,
+            remote = subprocess.Popen([sys.executable, "-m", "swarmrl.node.cli.main", "dashboard", "--trainer", trainer,
                                        "--job", job_id, "--port", "0"], stdout=subprocess.PIPE, text=True)
             try:   # `swarmrl dashboard` serves the same page through the trainer's gRPC status
                 url = remote.stdout.readline().strip()

@@ -25,7 +25,7 @@ def test_up_trains_a_jsonl_job_and_eval_scores_it(tmp_path: Path, model_cache: P
     out = _run([str(ROOT / "scripts" / "export_arithmetic.py"), str(job_dir), "--steps", str(STEPS)], 60)
     assert out.returncode == 0, out.stderr
     run = tmp_path / "run"
-    up = _run(["-m", "swarmrl.node.cli", "up", str(job_dir / "arithmetic.toml"), "--model", "tiny", "--workers", "2",
+    up = _run(["-m", "swarmrl.node.cli.main", "up", str(job_dir / "arithmetic.toml"), "--model", "tiny", "--workers", "2",
                "--out", str(run), "--cache-dir", str(model_cache), "--timeout", "600"], 900)
     if up.returncode != 0:
         logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in (run / "run" / "logs").glob("*.log"))
@@ -39,7 +39,7 @@ def test_up_trains_a_jsonl_job_and_eval_scores_it(tmp_path: Path, model_cache: P
         ready = json.loads((run / "run" / f"{w}.ready").read_text())
         assert not ready["skipped_jobs"] and not ready["dataset_refused"]
         assert sum(ready["dataset_sources"].values()) == 1   # fetched (or found cached) once, verified
-    ev = _run(["-m", "swarmrl.node.cli", "eval", str(job_dir / "arithmetic.toml"), "--adapter", str(run / "adapter"),
+    ev = _run(["-m", "swarmrl.node.cli.main", "eval", str(job_dir / "arithmetic.toml"), "--adapter", str(run / "adapter"),
                "--n", "16", "--cache-dir", str(model_cache)], 300)
     assert ev.returncode == 0, ev.stderr
     scores = json.loads(ev.stdout.strip().splitlines()[-1])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from swarmrl.node.cli_status import print_status
+from swarmrl.node.cli.status import print_status
 from swarmrl.node.swarm.dht import start_dht, visible_maddrs
 from swarmrl.node.swarm.env_records import EnvAnnouncer
 from swarmrl.node.trainer.status import fill_serving

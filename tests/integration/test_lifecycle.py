@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmrl.node import procs
+from swarmrl.node.runtime import procs
 
 pytestmark = pytest.mark.integration
 BOUND_S = 10.0
@@ -31,7 +31,7 @@ class Role:
         self.name = name
         self.ready = tmp / f"{name}.ready"
         self.log = tmp / f"{name}.log"
-        args = [sys.executable, "-m", "swarmrl.node.cli", role, "-o", f"ready_file={json.dumps(str(self.ready))}"]
+        args = [sys.executable, "-m", "swarmrl.node.cli.main", role, "-o", f"ready_file={json.dumps(str(self.ready))}"]
         if role != "bootstrap":
             args += ["-o", f"key={json.dumps(str(tmp / ((key or name) + '.key')))}", "-o", "threads=1",
                      "-o", f"cache_dir={json.dumps(str(cache))}"]
@@ -200,7 +200,7 @@ def test_one_key_one_process_and_a_taken_port_is_refused(roles):
 
 STUCK_MAIN_LOOP = """
 import subprocess, sys, threading, time
-from swarmrl.node.runtime import stop_event, write_ready
+from swarmrl.node.runtime.lifecycle import stop_event, write_ready
 stop_event()
 subprocess.Popen(["sleep", "60"])
 if sys.argv[1] == "thread":     # a non-daemon thread the interpreter would join forever at exit
@@ -243,7 +243,7 @@ def test_up_leaves_no_process_behind(tmp_path, model_cache, sig):
     signal. Either way the whole tree (roles in their own sessions, DHTs, p2pd) is gone."""
     out = tmp_path / "up"
     with open(tmp_path / "up.log", "wb") as log:
-        up = subprocess.Popen([sys.executable, "-m", "swarmrl.node.cli", "up", "--model", "tiny", "--steps", "1000",
+        up = subprocess.Popen([sys.executable, "-m", "swarmrl.node.cli.main", "up", "--model", "tiny", "--steps", "1000",
                                "--workers", "1", "--out", str(out), "--cache-dir", str(model_cache)],
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     tree: list[int] = []
@@ -275,7 +275,7 @@ def test_a_failed_up_removes_only_an_empty_folder_it_created(tmp_path):
     new, kept = tmp_path / "new" / "out", tmp_path / "kept"
     kept.mkdir()
     for out in (new, kept):
-        done = subprocess.run([sys.executable, "-m", "swarmrl.node.cli", "up", "--model", "nosuch", "--out", str(out)],
+        done = subprocess.run([sys.executable, "-m", "swarmrl.node.cli.main", "up", "--model", "nosuch", "--out", str(out)],
                               capture_output=True, text=True, timeout=120, check=False)
         assert done.returncode == 2 and "nosuch" in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert not new.exists() and kept.is_dir()

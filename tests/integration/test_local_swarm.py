@@ -13,8 +13,8 @@ import pytest
 import torch
 from peft import PeftModel
 
-from swarmrl.node.causal_lm import load_causal_lm
-from swarmrl.node.models import prepare_base_model
+from swarmrl.node.models.base_model import prepare_base_model
+from swarmrl.node.models.causal_lm import load_causal_lm
 
 pytestmark = pytest.mark.integration
 STEPS = 4
@@ -24,7 +24,7 @@ STEPS = 4
 def run_dir(tmp_path_factory, model_cache):
     out = tmp_path_factory.mktemp("up")
     proc = subprocess.run(
-        [sys.executable, "-m", "swarmrl.node.cli", "up", "--model", "tiny", "--steps", str(STEPS),
+        [sys.executable, "-m", "swarmrl.node.cli.main", "up", "--model", "tiny", "--steps", str(STEPS),
          "--workers", "2", "--out", str(out), "--cache-dir", str(model_cache), "--timeout", "600"],
         capture_output=True, text=True, timeout=900, check=False,
     )

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from swarmrl.node import netns
+from swarmrl.node.local import netns
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(netns.missing() is not None, reason=f"no netns bed here: {netns.missing()}")]
@@ -44,7 +44,7 @@ def test_a_tiny_job_trains_across_the_bed_with_tls(tmp_path, model_cache) -> Non
     before = _beds()
     out = tmp_path / "up"
     proc = subprocess.run(
-        [sys.executable, "-m", "swarmrl.node.cli", "up", "--netns", "--tls", "--model", "tiny", "--steps", str(STEPS),
+        [sys.executable, "-m", "swarmrl.node.cli.main", "up", "--netns", "--tls", "--model", "tiny", "--steps", str(STEPS),
          "--out", str(out), "--cache-dir", str(model_cache), "--timeout", "900"],
         capture_output=True, text=True, timeout=1200, check=False)
     if proc.returncode != 0:

@@ -21,7 +21,7 @@ STEPS = 8
 def summary(tmp_path_factory, model_cache) -> dict:
     out = tmp_path_factory.mktemp("drill")
     proc = subprocess.run(
-        [sys.executable, "-m", "swarmrl.node.cli", "up", "--model", "tiny", "--steps", str(STEPS), "--workers", "2",
+        [sys.executable, "-m", "swarmrl.node.cli.main", "up", "--model", "tiny", "--steps", str(STEPS), "--workers", "2",
          "--red-team", ",".join(MODES), "--out", str(out), "--cache-dir", str(model_cache), "--timeout", "900"],
         capture_output=True, text=True, timeout=1200, check=False,
     )

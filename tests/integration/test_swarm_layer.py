@@ -21,13 +21,13 @@ from pathlib import Path
 import grpc
 import pytest
 
-from swarmrl.node.jobs import builtin_job
-from swarmrl.node.local import LocalSwarm
-from swarmrl.node.submitter import job_status, sign_job, stub, submit_signed
+from swarmrl.node.local.processes import LocalSwarm
+from swarmrl.node.submitter.client import job_status, sign_job, stub, submit_signed
 from swarmrl.node.swarm.catchup import CatchUp
 from swarmrl.node.swarm.dht import start_dht
 from swarmrl.node.swarm.gossip import GossipNode
 from swarmrl.node.swarm.holders import find_holders
+from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc

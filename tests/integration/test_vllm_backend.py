@@ -14,8 +14,6 @@ import time
 import pytest
 import torch
 
-from swarmrl.node.causal_lm import encode_prompt, load_causal_lm, lora_config
-from swarmrl.node.episode_play import play_episodes, trace_completion
 from swarmrl.node.inference import Sampling
 from swarmrl.node.inference.hf import HFBackend
 from swarmrl.node.inference.scoring import completion_logprobs
@@ -24,7 +22,9 @@ from swarmrl.node.inference.vllm import VLLMBackend
 from swarmrl.node.inference.vllm_server import ServerSpec, VLLMServer, VLLMServerError, vllm_python
 from swarmrl.node.inference.vllm_start import start_vllm_backend
 from swarmrl.node.inference.vllm_tiny import build_tiny_vllm_model
-from swarmrl.node.procs import alive, descendants
+from swarmrl.node.models.causal_lm import encode_prompt, load_causal_lm, lora_config
+from swarmrl.node.runtime.procs import alive, descendants
+from swarmrl.node.tasks.episode_play import play_episodes, trace_completion
 from swarmrl.protocol.envs import get_environment
 from swarmrl.protocol.envs.episode import EpisodeSpec
 from swarmrl.protocol.envs.trace import model_positions

@@ -14,13 +14,13 @@ import time
 import pytest
 import torch
 
-from swarmrl.node.causal_lm import encode_prompt, lora_config
 from swarmrl.node.inference import Sampling
 from swarmrl.node.inference.base import BackendError
 from swarmrl.node.inference.vllm_server import vllm_python
 from swarmrl.node.inference.vllm_start import start_vllm_backend
 from swarmrl.node.inference.vllm_tiny import build_tiny_vllm_model
-from swarmrl.node.procs import alive, descendants
+from swarmrl.node.models.causal_lm import encode_prompt, lora_config
+from swarmrl.node.runtime.procs import alive, descendants
 from swarmrl.node.worker.engine import with_recovery
 
 pytestmark = [

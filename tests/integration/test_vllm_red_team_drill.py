@@ -36,7 +36,7 @@ JOB = ["group_size=4", "batch_groups=4", "learning_rate=0.001", "lora.rank=8", "
 def summary(tmp_path_factory, model_cache) -> dict:
     model = build_tiny_vllm_model(model_cache / "tiny-vllm-hd32")
     out = tmp_path_factory.mktemp("vllm-drill")
-    argv = [sys.executable, "-m", "swarmrl.node.cli", "up", "--model", str(model), "--backend", "vllm",
+    argv = [sys.executable, "-m", "swarmrl.node.cli.main", "up", "--model", str(model), "--backend", "vllm",
             "--steps", str(STEPS), "--workers", "2", "--red-team", ",".join(MODES), "--out", str(out),
             "--cache-dir", str(model_cache), "--timeout", "2400"]
     for field in JOB:

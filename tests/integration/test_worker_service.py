@@ -40,7 +40,7 @@ def test_docker_image_builds_and_resolves_the_worker_config() -> None:
 _HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from swarmrl.node.runtime import lock_key
+    from swarmrl.node.runtime.lifecycle import lock_key
     from swarmrl.protocol.identity import Identity
     key = Path(sys.argv[1])
     lock_key(key)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from swarmrl.node.grpc_options import channel_options
+from swarmrl.node.net.grpc_options import channel_options
 from swarmrl.protocol import signing
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from swarmrl.node.causal_lm import render_prompt
-from swarmrl.node.model_recipes import build_tiny_tokenizer
-from swarmrl.node.models import base_model_sha256, find_base_model, find_base_model_by_sha
+from swarmrl.node.models.base_model import base_model_sha256, find_base_model, find_base_model_by_sha
+from swarmrl.node.models.causal_lm import render_prompt
+from swarmrl.node.models.recipes import build_tiny_tokenizer
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -53,7 +53,7 @@ def test_folder_is_found_and_pinned(qwen_dir: Path, tmp_path: Path) -> None:
 def test_qwen3_learner_step_generation_and_scoring(qwen_dir: Path) -> None:
     from swarmrl.node.inference import build_backend
     from swarmrl.node.inference.base import Sampling
-    from swarmrl.node.jobs import builtin_job
+    from swarmrl.node.tasks.builtin_jobs import builtin_job
     from swarmrl.node.trainer.learner import Learner
     from swarmrl.protocol.envs.base import PromptSpec
     from swarmrl.protocol.pb import swarm_pb2 as pb

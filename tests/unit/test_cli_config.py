@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from swarmrl.node import config as cfgmod
-from swarmrl.node.cli import main
-from swarmrl.node.jobs import builtin_job
+from swarmrl.node.cli.main import main
+from swarmrl.node.runtime import config as cfgmod
+from swarmrl.node.tasks.builtin_jobs import builtin_job
 
 
 def test_toml_then_dotted_overrides(tmp_path):

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from swarmrl.node import cli, cli_checks, cli_status
-from swarmrl.node import config as cfgmod
+from swarmrl.node.cli import checks as cli_checks
+from swarmrl.node.cli import main as cli
+from swarmrl.node.cli import status as cli_status
+from swarmrl.node.runtime import config as cfgmod
 
 HEAVY = ("torch", "transformers", "hivemind", "peft")
 
@@ -104,7 +106,7 @@ def files(tmp_path_factory) -> Path:
 
 
 def _run(argv: list[str], *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *flags, "-m", "swarmrl.node.cli", *argv], check=False, capture_output=True,
+    return subprocess.run([sys.executable, *flags, "-m", "swarmrl.node.cli.main", *argv], check=False, capture_output=True,
                           text=True, timeout=120, env={**os.environ, "SWARMRL_TRACEBACK": ""})
 
 
@@ -155,8 +157,7 @@ def test_up_flag_and_job_override_combine_by_the_documented_rule():
 
 
 def test_up_with_a_job_override_of_a_flag_field_builds_the_job(tmp_path, model_cache, monkeypatch):
-    from swarmrl.node import up
-
+    from swarmrl.node.local import up
     built = {}
     monkeypatch.setattr(up, "_drive", lambda swarm, spec, opts, work, dataset: built.setdefault("spec", spec))
     argv = ["up", "--model", "tiny", "--out", str(tmp_path), "--cache-dir", str(model_cache), "-j", "max_async_level=0",
@@ -190,7 +191,7 @@ def test_status_json_prints_hashes_in_hex():
 
 
 def test_light_name_tables_match_the_heavy_ones():
-    from swarmrl.node import model_recipes
+    from swarmrl.node.models import recipes as model_recipes
     from swarmrl.node.worker import red_team
 
     assert set(cfgmod.BASE_MODEL_NAMES) == set(model_recipes.ALIASES)

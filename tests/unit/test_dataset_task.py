@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from swarmrl.node.swarm.datasets import DatasetFetchStats, DatasetStore, DatasetUnavailable, fetch_dataset
-from swarmrl.node.tasks import load_job_file
+from swarmrl.node.tasks.job_file import load_job_file
 from swarmrl.protocol.blobs import BlobAssembler, BlobError, assemble_blob, blob_chunks
 from swarmrl.protocol.envs import HELDOUT_START, job_environment
 from swarmrl.protocol.envs.dataset import (
@@ -101,8 +101,7 @@ def test_bad_rewards_fail_at_submit(tmp_path: Path, model_cache: Path, rewards: 
 def test_oversized_file_and_duplicates(tmp_path: Path, model_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     loaded = load_job_file(write_job(tmp_path, jsonl(ROWS + ROWS[:3])), model_cache)
     assert loaded.report.duplicates == 3 and "3 duplicate rows" in loaded.report.warnings[0]
-    from swarmrl.node import tasks
-
+    from swarmrl.node.tasks import job_file as tasks
     monkeypatch.setattr(tasks, "MAX_DATASET_BYTES", 100)
     with pytest.raises(ValueError, match="over the 0 MiB limit"):
         load_job_file(write_job(tmp_path, jsonl(ROWS)), model_cache)

@@ -91,8 +91,8 @@ def test_a_malformed_delta_is_rejected_counted_and_replaced_by_a_snapshot(tmp_pa
 def test_a_restarted_trainer_rolls_its_checkpoint_forward_through_int4_deltas(tmp_path: Path, model_cache):
     """Versions published after the last checkpoint (a crash before it) are replayed from the
     stored int4 deltas to the same head hash."""
-    from swarmrl.node.jobs import builtin_job
-    from swarmrl.node.models import prepare_base_model
+    from swarmrl.node.models.base_model import prepare_base_model
+    from swarmrl.node.tasks.builtin_jobs import builtin_job
     from swarmrl.node.trainer.job import JobRuntime
     from swarmrl.node.trainer.ledger import Ledger
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swarmrl.node.config import ConfigError, TrainerConfig, ValidatorConfig, WorkerConfig, load_config
 from swarmrl.node.inference.device import DeviceError, load_on_device, placement_dtype, resolve_device
-from swarmrl.node.models import prepare_base_model
+from swarmrl.node.models.base_model import prepare_base_model
+from swarmrl.node.runtime.config import ConfigError, TrainerConfig, ValidatorConfig, WorkerConfig, load_config
 
 CUDA = torch.cuda.is_available()
 

@@ -157,7 +157,7 @@ def test_admission_rejects_bad_traces_with_a_reason() -> None:
 def test_the_grading_pool_gives_a_group_reward_the_same_over_a_batch_or_one_group() -> None:
     """The validator re-grades only its sampled groups: a group-level reward must not depend on
     the other groups of the worker's batch."""
-    from swarmrl.node.grading import GradingPool
+    from swarmrl.node.tasks.grading import GradingPool
 
     env = calc.CalculatorEnv()
     a, b = env.prompt(0, 1), env.prompt(0, 2)

@@ -14,11 +14,17 @@ import peft
 import pytest
 import torch
 
-from swarmrl.node.causal_lm import lora_config
-from swarmrl.node.episode_play import encode_observation, grade_rows, play_episodes, scripted, turn_texts
-from swarmrl.node.grading import GradingPool
 from swarmrl.node.inference.base import Sampling
 from swarmrl.node.inference.hf import PLACEHOLDER_ADAPTER, HFBackend
+from swarmrl.node.models.causal_lm import lora_config
+from swarmrl.node.tasks.episode_play import (
+    encode_observation,
+    grade_rows,
+    play_episodes,
+    scripted,
+    turn_texts,
+)
+from swarmrl.node.tasks.grading import GradingPool
 from swarmrl.node.trainer.learner import build_step_batch
 from swarmrl.node.worker.episodes import episode_groups
 from swarmrl.node.worker.red_team import FORGED_REPLY, forge_env_replies
@@ -248,7 +254,7 @@ def test_shared_first_observation_prefill_scores_episodes_as_full_prefills(
 def test_env_check_renders_one_full_episode_with_masked_tokens(job: str, model_cache, capsys) -> None:
     from pathlib import Path
 
-    from swarmrl.node.env_cli import env_check
+    from swarmrl.node.cli.env import env_check
 
     path = Path(__file__).resolve().parents[1] / "fixtures" / "jobs" / job
     assert env_check(path, "tiny", model_cache) == 0

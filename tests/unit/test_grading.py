@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from swarmrl.node.grading import GradingError, GradingPool
+from swarmrl.node.tasks.grading import GradingError, GradingPool
 from swarmrl.protocol.envs import get_environment
 from swarmrl.protocol.envs.base import Grade
 

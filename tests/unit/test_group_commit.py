@@ -1,4 +1,4 @@
-"""The ledger's group commit (node/group_commit.py) under the trainer's admission: a receipt is
+"""The ledger's group commit (node/runtime/group_commit.py) under the trainer's admission: a receipt is
 never sent before the batch it admits is on disk, admissions arriving together share one sync,
 two batches racing for one prompt admit it once, and a failed sync stops the ledger.
 
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from swarmrl.node import group_commit
-from swarmrl.node.jobs import builtin_job
-from swarmrl.node.models import prepare_base_model
+from swarmrl.node.models.base_model import prepare_base_model
+from swarmrl.node.runtime import group_commit
+from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.node.trainer.job import JobRuntime
 from swarmrl.node.trainer.ledger import Ledger
 from swarmrl.protocol import admission as adm

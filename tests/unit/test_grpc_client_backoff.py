@@ -1,6 +1,6 @@
 """Every client of a trainer backs off when refused, and names itself where it has an identity
 (issue 11): a real gRPC server on 127.0.0.1 refuses the first calls of each method with
-RESOURCE_EXHAUSTED and a `retry-after-ms` hint (as `node.grpc_guard` does), then answers from a
+RESOURCE_EXHAUSTED and a `retry-after-ms` hint (as `node.net.grpc_guard` does), then answers from a
 real adapter store. The validator, a cotrainer, the submitter (`swarmrl submit/status/fetch`) and
 the dashboard each retry and succeed, or give up after their attempts with a clear error; the
 server sees the caller's `swarmrl-peer` header."""
@@ -18,11 +18,11 @@ import grpc
 import pytest
 import torch
 
-from swarmrl.node.cli import main as cli_main
-from swarmrl.node.dashboard import grpc_fetch
-from swarmrl.node.grpc_options import channel_options
-from swarmrl.node.grpc_retry import Backoff, GaveUp
-from swarmrl.node.submitter import fetch_snapshot, job_status, sign_job, submit_signed
+from swarmrl.node.cli.main import main as cli_main
+from swarmrl.node.net.grpc_options import channel_options
+from swarmrl.node.net.grpc_retry import Backoff, GaveUp
+from swarmrl.node.ops.dashboard import grpc_fetch
+from swarmrl.node.submitter.client import fetch_snapshot, job_status, sign_job, submit_signed
 from swarmrl.node.swarm.cotrainers import Cotrainer, Cotrainers, fetch_chain
 from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.node.trainer.adapter_store import AdapterStore

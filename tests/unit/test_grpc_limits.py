@@ -13,9 +13,9 @@ import time
 import grpc
 import pytest
 
-from swarmrl.node.grpc_guard import retry_after_ms, source_address
-from swarmrl.node.grpc_limits import GrpcLimits
-from swarmrl.node.rate_limits import RATE_LIMITED_PEER, Rate, RateLimits, TokenBuckets
+from swarmrl.node.net.grpc_guard import retry_after_ms, source_address
+from swarmrl.node.net.rate_limits import RATE_LIMITED_PEER, TokenBuckets
+from swarmrl.node.runtime.limits import GrpcLimits, Rate, RateLimits
 from swarmrl.node.trainer.service import serve
 from swarmrl.protocol.identity import Identity
 from tests.unit.grpc_fakes import JOB, FakeTrainer, SlowDownloader, lease_request, rollout_batch, stub
@@ -111,9 +111,9 @@ def test_stop_with_a_blocked_handler_exits_within_its_bound(tmp_path):
     past stop(grace): the old server's pool threads were joined at exit, forever."""
     script = textwrap.dedent("""
         import threading, time, grpc
-        from swarmrl.node.grpc_limits import GrpcLimits
-        from swarmrl.node.grpc_server import build_server
-        from swarmrl.node.grpc_options import channel_options
+        from swarmrl.node.runtime.limits import GrpcLimits
+        from swarmrl.node.net.grpc_server import build_server
+        from swarmrl.node.net.grpc_options import channel_options
         block = threading.Event()
         entered = threading.Event()
         def stuck(request, context):
@@ -195,7 +195,7 @@ class _Refused(grpc.RpcError, grpc.Call):
 
 
 def test_workers_back_off_with_jitter_on_overload_and_honour_the_hint():
-    from swarmrl.node.grpc_retry import Backoff, call_with_backoff
+    from swarmrl.node.net.grpc_retry import Backoff, call_with_backoff
 
     outcomes = [_Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, 1500), _Refused(grpc.StatusCode.UNAVAILABLE), "ok"]
     slept = []

@@ -68,8 +68,8 @@ def test_retokenizing_an_episode_gives_other_ids_than_its_trace(model_cache) -> 
     a model turn followed by an environment reply does not give the stored ids back."""
     from transformers import AutoTokenizer
 
-    from swarmrl.node.episode_play import encode_observation
-    from swarmrl.node.models import find_base_model
+    from swarmrl.node.models.base_model import find_base_model
+    from swarmrl.node.tasks.episode_play import encode_observation
 
     tok = AutoTokenizer.from_pretrained(find_base_model("tiny", model_cache))
     model_turn = encode_observation(tok, "<calc>12*3</calc> ")   # what the model sampled (ending in a space) ...

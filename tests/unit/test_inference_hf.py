@@ -12,12 +12,12 @@ import peft
 import pytest
 import torch
 
-from swarmrl.node.causal_lm import encode_prompt, load_causal_lm, lora_config
 from swarmrl.node.inference import Sampling, build_backend
 from swarmrl.node.inference.hf import HFBackend, _draw, ensure_contiguous_head_input
 from swarmrl.node.inference.scoring import completion_logprobs, token_logprobs
 from swarmrl.node.inference.stops import first_stop
-from swarmrl.node.models import prepare_base_model
+from swarmrl.node.models.base_model import prepare_base_model
+from swarmrl.node.models.causal_lm import encode_prompt, load_causal_lm, lora_config
 from swarmrl.protocol.jobspec import LoraSpec
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -73,7 +73,7 @@ def test_unknown_environment_names_what_is_installed() -> None:
 
 
 def test_worker_skips_jobs_whose_environment_it_does_not_run(model_cache: Path) -> None:
-    from swarmrl.node.jobs import builtin_job
+    from swarmrl.node.tasks.builtin_jobs import builtin_job
     from swarmrl.node.worker.main import cannot_run
 
     spec = builtin_job("tiny", model_cache)
@@ -85,7 +85,7 @@ def test_worker_skips_jobs_whose_environment_it_does_not_run(model_cache: Path) 
 
 def test_submit_pins_the_package_hash_and_workers_with_another_refuse(toy_installed: Path, model_cache: Path,
                                                                      tmp_path: Path) -> None:
-    from swarmrl.node.tasks import load_job_file
+    from swarmrl.node.tasks.job_file import load_job_file
     from swarmrl.node.worker.main import cannot_run
 
     job = tmp_path / "toy.toml"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from swarmrl.node.jobs import builtin_job
-from swarmrl.node.models import prepare_base_model
+from swarmrl.node.models.base_model import prepare_base_model
+from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.node.trainer.learner import Learner, build_step_batch
 from swarmrl.protocol.pb import swarm_pb2 as pb
 

@@ -12,8 +12,8 @@ import torch
 
 from swarmrl.node.inference import build_backend
 from swarmrl.node.inference.base import Sampling
-from swarmrl.node.jobs import builtin_job
-from swarmrl.node.models import prepare_base_model
+from swarmrl.node.models.base_model import prepare_base_model
+from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.node.trainer.learner import Learner
 from swarmrl.protocol.grpo import LOSS_VARIANTS
 from swarmrl.protocol.pb import swarm_pb2 as pb

@@ -96,9 +96,9 @@ def test_one_transaction_records_a_batch_its_rejections_and_the_lease_closing(tm
 
 
 def test_render_prompts_gives_render_prompts_ids(model_cache):
-    from swarmrl.node.causal_lm import load_causal_lm, render_prompt, render_prompts
-    from swarmrl.node.jobs import builtin_job
-    from swarmrl.node.models import prepare_base_model
+    from swarmrl.node.models.base_model import prepare_base_model
+    from swarmrl.node.models.causal_lm import load_causal_lm, render_prompt, render_prompts
+    from swarmrl.node.tasks.builtin_jobs import builtin_job
     from swarmrl.protocol.envs import job_environment
 
     spec = builtin_job("tiny", model_cache)

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from swarmrl.node.config import TrainerConfig
-from swarmrl.node.jobs import builtin_job
-from swarmrl.node.models import prepare_base_model
+from swarmrl.node.models.base_model import prepare_base_model
+from swarmrl.node.runtime.config import TrainerConfig
+from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.node.trainer.job import LEDGER_KEEP_MS, JobRuntime
 from swarmrl.node.trainer.ledger import Ledger
 from swarmrl.protocol import admission as adm

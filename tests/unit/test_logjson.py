@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from swarmrl.node import logjson
+from swarmrl.node.runtime import logjson
 
 
 @pytest.fixture()

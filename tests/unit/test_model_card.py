@@ -11,10 +11,10 @@ import peft
 import pytest
 import torch
 
-from swarmrl.node.causal_lm import load_causal_lm, lora_config, with_lora
-from swarmrl.node.model_card import add_heldout, write_model_card
-from swarmrl.node.models import prepare_base_model
-from swarmrl.node.submitter import export_peft
+from swarmrl.node.models.base_model import prepare_base_model
+from swarmrl.node.models.card import add_heldout, write_model_card
+from swarmrl.node.models.causal_lm import load_causal_lm, lora_config, with_lora
+from swarmrl.node.submitter.client import export_peft
 from swarmrl.protocol.jobspec import JobSpec, LoraSpec
 
 JOB = "f" * 32

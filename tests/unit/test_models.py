@@ -12,10 +12,16 @@ import peft
 import pytest
 import torch
 
-from swarmrl.node import model_recipes, models
-from swarmrl.node.causal_lm import encode_prompt, load_causal_lm, lora_config, vocab_size
-from swarmrl.node.model_recipes import GEMMA, TINY
-from swarmrl.node.models import base_model_sha256, default_cache_dir, prepare_base_model, resolve_model_name
+from swarmrl.node.models import base_model as models
+from swarmrl.node.models import recipes as model_recipes
+from swarmrl.node.models.base_model import (
+    base_model_sha256,
+    default_cache_dir,
+    prepare_base_model,
+    resolve_model_name,
+)
+from swarmrl.node.models.causal_lm import encode_prompt, load_causal_lm, lora_config, vocab_size
+from swarmrl.node.models.recipes import GEMMA, TINY
 
 torch.set_num_threads(1)
 
@@ -55,7 +61,7 @@ def test_tiny_is_deterministic_across_caches(tiny_dir: Path, tmp_path: Path) -> 
 def test_tiny_is_deterministic_across_processes(tiny_dir: Path, tmp_path: Path) -> None:
     """A fresh interpreter (new hash seeds, new RNG state) builds byte-identical weights."""
     code = (
-        "import sys; from pathlib import Path; from swarmrl.node.models import *; "
+        "import sys; from pathlib import Path; from swarmrl.node.models.base_model import *; "
         "print(base_model_sha256(prepare_base_model('tiny', Path(sys.argv[1]))))"
     )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}

@@ -8,7 +8,7 @@ import time
 import pytest
 from hivemind.utils import get_dht_time
 
-from swarmrl.node.config import ConfigError, NetConfig, TrainerConfig, load_config
+from swarmrl.node.runtime.config import ConfigError, NetConfig, TrainerConfig, load_config
 from swarmrl.node.swarm.dht import RECORD_TTL_S, start_dht, visible_maddrs
 from swarmrl.node.swarm.gossip import GossipNode
 from swarmrl.node.swarm.holders import announce_holdings, find_holders, holders_key

@@ -10,10 +10,10 @@ import urllib.request
 
 import pytest
 
-from swarmrl.node import dashboard_page as render
-from swarmrl.node.dashboard import StatusCache, add_dashboard_routes
-from swarmrl.node.metrics import add_metrics_route, gauge, registry_of
-from swarmrl.node.ops_http import Routes, start_ops_server
+from swarmrl.node.ops import dashboard_page as render
+from swarmrl.node.ops.dashboard import StatusCache, add_dashboard_routes
+from swarmrl.node.ops.http_server import Routes, start_ops_server
+from swarmrl.node.ops.metrics import add_metrics_route, gauge, registry_of
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 JOB = "ab" * 16

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import torch
 
-from swarmrl.node.jobs import builtin_job
-from swarmrl.node.models import prepare_base_model
+from swarmrl.node.models.base_model import prepare_base_model
+from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.node.trainer.admission import PEER_VERSIONS_KEPT
 from swarmrl.node.trainer.job import JobRuntime
 from swarmrl.node.trainer.ledger import Ledger
+from swarmrl.node.trainer.status import job_status
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from tests.unit.test_trainer_job import FakeClock, _honest_batch, _submit
@@ -38,7 +39,7 @@ def test_many_peer_ids_leave_a_bounded_table_and_live_peers_versions(tmp_path, m
             lease = ask(live.peer_id, 2 + n // 20)
         assert len(job.admission.peer_versions) <= 50
     assert _submit(job, _honest_batch(job, live, lease)).accepted
-    peers = {p.peer_id: p for p in job.status(0).peers}
+    peers = {p.peer_id: p for p in job_status(job, 0).peers}
     assert peers[live.peer_id].adapter_version == 2 + 180 // 20   # its last request
     assert not peers[early.peer_id].HasField("adapter_version")   # asked longest ago: forgotten
     assert len(job.admission.peer_versions) == 50

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from swarmrl.node.runtime import StartupError, lock_key
+from swarmrl.node.runtime.lifecycle import StartupError, lock_key
 from swarmrl.node.trainer.service import serve
 
 
@@ -27,7 +27,7 @@ def test_a_taken_grpc_port_is_refused_not_shared():
 HOLD_KEY = """
 import sys, time
 from pathlib import Path
-from swarmrl.node.runtime import lock_key
+from swarmrl.node.runtime.lifecycle import lock_key
 lock_key(Path(sys.argv[1]))
 print("locked", flush=True)
 time.sleep(60)
@@ -51,7 +51,7 @@ def test_a_key_held_by_another_process_is_refused(tmp_path):
 
 ADOPT_AND_END = """
 import subprocess, sys, time
-from swarmrl.node import procs
+from swarmrl.node.runtime import procs
 assert procs.become_subreaper()
 subprocess.Popen(["sh", "-c", "sleep 60 & exec sleep 61"])   # sleep 60's parent is replaced: an orphan
 subprocess.run(["sh", "-c", "sleep 62 &"])                     # sh exits at once: sleep 62 is adopted

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import torch
 
-from swarmrl.node.causal_lm import render_prompt
-from swarmrl.node.jobs import builtin_job
-from swarmrl.node.models import prepare_base_model
+from swarmrl.node.models.base_model import prepare_base_model
+from swarmrl.node.models.causal_lm import render_prompt
+from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.node.trainer.job import PROMPT_CACHE, JobRuntime
 from swarmrl.node.trainer.ledger import Ledger
 from swarmrl.protocol.identity import Identity

@@ -215,7 +215,7 @@ def test_copycat_relabelled_copies_fail_and_the_original_keeps_credit(world: Wor
 # ---- the drill's summary ---------------------------------------------------------------------------
 
 def test_red_team_summary_fields() -> None:
-    from swarmrl.node.up_summary import red_team_summary
+    from swarmrl.node.local.summary import red_team_summary
 
     keys = {n: Identity.from_seed(n.encode().ljust(32, b"_")) for n in ("worker0", "redteam-nan_logprobs",
                                                                          "redteam-replay")}

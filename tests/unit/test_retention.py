@@ -13,8 +13,8 @@ import grpc
 import pytest
 import torch
 
-from swarmrl.node.config import TrainerConfig
-from swarmrl.node.submitter import stub
+from swarmrl.node.runtime.config import TrainerConfig
+from swarmrl.node.submitter.client import stub
 from swarmrl.node.trainer.adapter_store import AdapterStore
 from swarmrl.node.trainer.retention import KEEP_SNAPSHOTS, KEEP_VERSIONS, Retention, disk_use, plan_prune
 from swarmrl.node.trainer.service import serve

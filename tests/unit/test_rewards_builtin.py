@@ -91,7 +91,7 @@ def test_weighted_range() -> None:
 
 
 def test_grading_pool_runs_builtin_rewards_in_a_subprocess() -> None:
-    from swarmrl.node.grading import GradingPool
+    from swarmrl.node.tasks.grading import GradingPool
 
     rewards = [{"name": "exact_match", "weight": 1.0}, {"name": "regex_format", "weight": 0.1, "pattern": r"^\d+$"}]
     with GradingPool("dataset:x", "x", timeout_s=20, rewards=rewards) as pool:

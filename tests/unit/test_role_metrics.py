@@ -11,12 +11,14 @@ from types import SimpleNamespace
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from swarmrl.node.metrics import registry_of
+from swarmrl.node.ops.metrics import registry_of
 from swarmrl.node.trainer.ledger import Ledger
 from swarmrl.node.trainer.metrics import trainer_metrics
-from swarmrl.node.worker.stats import SessionStats, worker_metrics
+from swarmrl.node.worker.metrics import worker_metrics
+from swarmrl.node.worker.stats import SessionStats
 from swarmrl.protocol.pb import swarm_pb2 as pb
-from swarmrl.validator.metrics import CheckStats, VerdictStats, validator_metrics
+from swarmrl.validator.metrics import validator_metrics
+from swarmrl.validator.stats import CheckStats, VerdictStats
 
 
 def _scrape(fn) -> dict[tuple[str, tuple], float]:
@@ -71,7 +73,7 @@ def test_worker_metrics_read_the_sessions() -> None:
     session = SimpleNamespace(stats=stats, record=pb.JobRecord(head_version=5), replica=SimpleNamespace(version=3),
                               sync=SimpleNamespace(stats=SimpleNamespace(bytes_from_peers=10, bytes_from_trainer=20, rejected=1),
                                                    gossip=None))
-    got = _scrape(lambda: worker_metrics(SimpleNamespace(sessions={"j1": session}, retired={})))
+    got = _scrape(lambda: worker_metrics({"j1": session}, {}))
     j = (("job_id", "j1"),)
     assert got[("swarmrl_worker_generated_tokens_total", j)] == 400
     assert got[("swarmrl_worker_tokens_per_second", j)] == 200

@@ -151,7 +151,7 @@ def test_the_simulated_catch_up_asks_at_most_max_peer_attempts_holders(limit, as
 
 
 def test_the_scenario_default_is_the_products():
-    from swarmrl.node.config import WorkerConfig
+    from swarmrl.node.runtime.config import WorkerConfig
 
     assert Gossip().max_peer_attempts == delta_sources.MAX_PEER_ATTEMPTS
     assert WorkerConfig.model_fields["max_peer_attempts"].default == delta_sources.MAX_PEER_ATTEMPTS

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmrl.node.cli import main as cli_main
+from swarmrl.node.cli.main import main as cli_main
 from swarmrl.simulations.run import simulate
 from swarmrl.simulations.scenario import load_scenario
 from swarmrl.simulations.world import World

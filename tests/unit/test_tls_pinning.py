@@ -1,4 +1,4 @@
-"""TLS without a CA (node/tls.py): a trainer's self-signed certificate, pinned by the sha256 its
+"""TLS without a CA (node/net/tls.py): a trainer's self-signed certificate, pinned by the sha256 its
 signed record carries. Servers bind 127.0.0.1 only."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]
 
-from swarmrl.node import tls
-from swarmrl.node.grpc_options import channel_options
-from swarmrl.node.grpc_standard import add_standard_services
+from swarmrl.node.net import tls
+from swarmrl.node.net.grpc_options import channel_options
+from swarmrl.node.net.grpc_standard import add_standard_services
 
 
 def _serve(credentials: grpc.ServerCredentials | None) -> tuple[grpc.Server, str]:
@@ -103,8 +103,8 @@ def test_trainer_server_over_tls_and_the_tools_pin(cert: tls.ServerCert, capsys:
     the pinned certificate works, another pin or none fails with one line and exit code 1."""
     from types import SimpleNamespace
 
-    from swarmrl.node import cli
-    from swarmrl.node.submitter import job_status
+    from swarmrl.node.cli import main as cli
+    from swarmrl.node.submitter.client import job_status
     from swarmrl.node.trainer.service import serve
 
     server, port = serve(SimpleNamespace(jobs={}), "127.0.0.1", 0, 4, credentials=cert.credentials())  # type: ignore[arg-type]

@@ -12,10 +12,11 @@ import threading
 import pytest
 import torch
 
-from swarmrl.node.jobs import builtin_job
-from swarmrl.node.models import prepare_base_model
+from swarmrl.node.models.base_model import prepare_base_model
+from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.node.trainer.job import JobRuntime
 from swarmrl.node.trainer.ledger import Ledger
+from swarmrl.node.trainer.status import job_status
 from swarmrl.node.worker import red_team as rt
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol import signing
@@ -90,7 +91,7 @@ def test_nan_batches_ban_after_strikes_and_honest_peers_stay(runtime) -> None:
         assert job.admission.leases.get(lease.lease_id) is None   # revoked: its prompt goes back to the queue now
     assert job.admission.request_lease(bad.peer_id, pb.LeaseRequest(job_id=job.job_id)).reason == adm.BANNED
     assert good.peer_id not in job.admission.banned
-    peers = {p.peer_id: p for p in job.status(0).peers}
+    peers = {p.peer_id: p for p in job_status(job, 0).peers}
     assert peers[bad.peer_id].banned and peers[bad.peer_id].banned_at_ms > 0
     assert peers[bad.peer_id].strikes == STRIKES_TO_BAN and peers[bad.peer_id].rejected_by_reason[adm.NON_FINITE] >= 1
 
@@ -150,7 +151,7 @@ def test_verdict_ban_drops_pending_groups_and_survives_a_restart(runtime, model_
     verdict = pb.Verdict(job_id=job.job_id, peer_id=cheat.peer_id, batch_id="b", prompt_index=lease.prompt_indices[0],
                          passed=False, check=LOGPROB, detail="mean gap 1.2")
     assert job.admission.apply_verdicts("validator", pb.VerdictReport(job_id=job.job_id, verdicts=[verdict])) == [cheat.peer_id]
-    st = job.status(0)
+    st = job_status(job, 0)
     assert st.groups_dropped_banned == 1 and ledger.count_pending(job.job_id) == 0
     again = JobRuntime(job.job_id, job.spec, identity=job.identity, model_path=prepare_base_model("tiny", model_cache),
                        state_dir=state, ledger=ledger)
@@ -200,7 +201,7 @@ def test_probation_holds_new_peers_groups_until_a_passing_verdict(tmp_path, mode
     batch = job.take_batch()
     assert {p.peer_id for p in batch} == {honest.peer_id}
     job.ledger.mark([p.row_id for p in batch], "trained", step=1)
-    assert job.status(0).groups_on_probation == 1
+    assert job_status(job, 0).groups_on_probation == 1
     job.admission.apply_verdicts("validator", pb.VerdictReport(job_id=job.job_id, verdicts=[verdict(cheat, False, LOGPROB)]))
     assert cheat.peer_id in job.admission.banned and job.groups_on_probation() == 0
     assert job.ledger.peer_state_counts(job.job_id)[cheat.peer_id].get("trained", 0) == 0
@@ -327,7 +328,7 @@ def test_prompt_ids_reuse_a_prompt_rendered_for_another_index(runtime, monkeypat
     """The arithmetic environment shows the same problem at many indices: those render once, and
     every index still gets exactly `render_prompt`'s ids, also after the memo of distinct
     prompts fills up and starts over."""
-    from swarmrl.node.causal_lm import render_prompt
+    from swarmrl.node.models.causal_lm import render_prompt
     from swarmrl.node.trainer import job as job_module
 
     job, _, _ = runtime

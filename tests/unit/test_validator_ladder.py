@@ -25,14 +25,14 @@ import pytest
 import torch
 import transformers
 
-from swarmrl.node.causal_lm import encode_prompt, lora_config
-from swarmrl.node.config import ValidatorConfig
-from swarmrl.node.grading import GradingPool
-from swarmrl.node.grpc_options import channel_options
 from swarmrl.node.inference.base import Sampling
 from swarmrl.node.inference.hf import PLACEHOLDER_ADAPTER, HFBackend
-from swarmrl.node.model_recipes import build_tiny_tokenizer
+from swarmrl.node.models.causal_lm import encode_prompt, lora_config
+from swarmrl.node.models.recipes import build_tiny_tokenizer
+from swarmrl.node.net.grpc_options import channel_options
+from swarmrl.node.runtime.config import ValidatorConfig
 from swarmrl.node.swarm.dht import VerifiedRecord
+from swarmrl.node.tasks.grading import GradingPool
 from swarmrl.node.trainer.adapter_store import AdapterStore
 from swarmrl.protocol import signing
 from swarmrl.protocol.envs import get_environment

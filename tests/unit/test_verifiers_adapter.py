@@ -16,19 +16,20 @@ from typing import Any
 
 import pytest
 
-from swarmrl.node.episode_play import (
+from swarmrl.node.inference.base import Sampling
+from swarmrl.node.models.recipes import build_tiny_tokenizer
+from swarmrl.node.tasks.episode_play import (
     encode_observation,
     episode_rewards,
     play_episodes,
     scripted,
     trace_completion,
 )
-from swarmrl.node.inference.base import Sampling
-from swarmrl.node.model_recipes import build_tiny_tokenizer
 from swarmrl.protocol.envs import get_environment, installed_environments
 from swarmrl.protocol.envs.base import HELDOUT_START, PromptSpec
 from swarmrl.protocol.envs.episode import EpisodeEnv, EpisodeSpec
-from swarmrl.protocol.envs.verifiers_adapter import VerifiersEnv, adapt_verifiers
+from swarmrl.protocol.envs.verifiers_adapter import VerifiersEnv
+from swarmrl.protocol.envs.verifiers_load import adapt_verifiers
 from swarmrl.protocol.envs.verifiers_multiturn import VerifiersEpisodeEnv
 from swarmrl.protocol.envs.verifiers_replay import finished
 from swarmrl.validator.episodes import replay_episode

@@ -13,7 +13,7 @@ from swarmrl.node.inference import build_backend
 from swarmrl.node.inference.hf import HFBackend
 from swarmrl.node.inference.vllm_server import LOGPROBS_MODE, ServerSpec, vllm_python
 from swarmrl.node.inference.vllm_start import start_vllm_backend
-from swarmrl.node.models import prepare_base_model
+from swarmrl.node.models.base_model import prepare_base_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 

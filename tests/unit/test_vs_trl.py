@@ -7,21 +7,11 @@ import math
 
 import pytest
 
-from benchmarks.vs_trl import (
-    TRL_LOSS,
-    accuracy_at,
-    mismatches,
-    ratio,
-    ratio_bound,
-    spread,
-    stop_token_ids,
-    time_to_target,
-    trl_prompt_text,
-    trl_settings,
-)
-from swarmrl.node.causal_lm import load_causal_lm, render_prompt
-from swarmrl.node.jobs import builtin_job
-from swarmrl.node.models import prepare_base_model
+from benchmarks.vs_trl import TRL_LOSS, mismatches, stop_token_ids, trl_prompt_text, trl_settings
+from benchmarks.vs_trl_figures import accuracy_at, ratio, ratio_bound, spread, time_to_target
+from swarmrl.node.models.base_model import prepare_base_model
+from swarmrl.node.models.causal_lm import load_causal_lm, render_prompt
+from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.protocol.envs import get_environment
 
 

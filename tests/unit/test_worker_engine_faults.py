@@ -14,12 +14,13 @@ import torch
 
 from swarmrl.node.inference.base import BackendError, SampledCompletion, Sampling
 from swarmrl.node.inference.hf import _Sampler
-from swarmrl.node.metrics import Families
+from swarmrl.node.ops.metrics import Families
 from swarmrl.node.swarm.catchup import SyncStats
 from swarmrl.node.worker.engine import EngineFailed, with_recovery
 from swarmrl.node.worker.main import Worker
+from swarmrl.node.worker.metrics import session_families
 from swarmrl.node.worker.session import JobSession
-from swarmrl.node.worker.stats import SessionStats, session_families
+from swarmrl.node.worker.stats import SessionStats
 from swarmrl.protocol.envs import PromptSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
 

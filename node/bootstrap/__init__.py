@@ -1,0 +1,1 @@
+"""bootstrap/: the bootstrap peer: a DHT node with a stable address that others join through."""

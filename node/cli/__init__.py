@@ -1,0 +1,1 @@
+"""cli/: the command line (`swarmrl ...`): parser and commands, argument checks, status printing."""

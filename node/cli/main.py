@@ -1,0 +1,405 @@
+"""`swarmrl`: one entrypoint per role, plus the submitter's commands and the local swarm.
+
+    swarmrl keygen KEYFILE
+    swarmrl bootstrap|trainer|worker|validator [--config FILE] [-o key=value ...] [--dry-run]
+    swarmrl submit JOB.toml --trainer HOST:PORT
+    swarmrl status JOB --trainer HOST:PORT
+    swarmrl fetch JOB --trainer HOST:PORT --out DIR
+    swarmrl up [JOB.toml] [--model tiny|gemma|FOLDER] [--steps N] [--workers K] [--out DIR] [-j FIELD=VALUE]
+    swarmrl simulate [--scenario FILE] [--workers N] [--trainers K] [--hours H] [--cheaters SHARE] [--churn LEVEL]
+    swarmrl dashboard --trainer HOST:PORT [--job JOB] [--port N]
+    swarmrl eval [JOB.toml] --adapter DIR
+    swarmrl env list | swarmrl env check JOB.toml
+
+Arguments, files and configs are checked before torch, transformers, hivemind or peft are
+imported (commands import them lazily), so a typo is reported in a fraction of a second. Every
+expected failure is one line on stderr and an exit code (see EPILOG); an unexpected exception
+(a bug) keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import NoReturn, TypeAlias
+
+from pydantic import BaseModel
+
+from swarmrl.node.cli.checks import (
+    EXIT_USAGE,
+    THREAD_ROLES,
+    UsageError,
+    check_model_available,
+    check_writable,
+    describe_failure,
+    endpoint,
+    existing_file,
+    int_at_least,
+    model_name,
+    nonempty,
+    parse_threads,
+    positive_float,
+    precheck_job_fields,
+    precheck_job_file,
+    red_team_modes,
+    sha256_hex,
+    up_job_fields,
+)
+from swarmrl.node.runtime import config as cfgmod
+
+EPILOG = """\
+exit codes:
+  0    success
+  1    runtime failure: a trainer or DHT peer unreachable, a job refused or unknown, a process of
+       the local swarm died
+  2    usage or config error: bad option or value, unknown config or job field, missing or
+       unreadable file, TOML syntax error, unwritable output folder
+  130  interrupted (Ctrl-C)
+Each failure is one line on stderr; SWARMRL_TRACEBACK=1 shows the traceback too.
+"""
+
+UP_EPILOG = """\
+job fields: --steps, --seed, --loss and --max-async-level set the job fields steps, seed,
+loss.variant and max_async_level; -j sets any job field. A field given both ways is refused
+(give it once); -j loss.eps_low=... combines with --loss (different fields).
+
+""" + EPILOG
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: X)" after every option that has a meaningful default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default in (None, False, [], "") or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line (no usage block) with exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        """Exit with code 2 after one line: `swarmrl CMD: message (see swarmrl CMD --help)`."""
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+# ---- the parser ----------------------------------------------------------------------------------
+
+
+SubParsers: TypeAlias = "argparse._SubParsersAction[_Parser]"
+"""What `add_subparsers` returns (argparse names no public type for it; generic only for type checkers)."""
+
+
+def _add(sub: SubParsers, name: str, help_: str, epilog: str = EPILOG) -> _Parser:
+    return sub.add_parser(name, help=help_, description=help_, epilog=epilog, formatter_class=_Formatter)
+
+
+def _role_parser(sub: SubParsers, name: str, help_: str) -> _Parser:
+    p = _add(sub, name, help_)
+    p.add_argument("--config", type=Path, help="TOML config file (fields as --dry-run prints them)")
+    p.add_argument("-o", "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field (dotted keys, JSON values), repeatable; applied after --config")
+    p.add_argument("--initial-peers", nargs="*", default=None, metavar="MADDR",
+                   help="DHT peers to join, /ip4/HOST/tcp/PORT/p2p/PEER_ID (default: the config's "
+                        "net.initial_peers); replaces net.initial_peers, so it may not be given with -o "
+                        "net.initial_peers")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the config (and the worker's base model) and print it resolved, then exit")
+    return p
+
+
+ROLES: dict[str, tuple[type[BaseModel], str, str]] = {
+    "bootstrap": (cfgmod.BootstrapConfig, "swarmrl.node.bootstrap.main", "a DHT peer others join through"),
+    "trainer": (cfgmod.TrainerConfig, "swarmrl.node.trainer.main", "host jobs: leases, admission, GRPO steps"),
+    "worker": (cfgmod.WorkerConfig, "swarmrl.node.worker.main", "generate, grade, sign and submit rollouts"),
+    "validator": (cfgmod.ValidatorConfig, "swarmrl.validator.main", "re-check rollouts, score peers"),
+}
+"""Role command -> (its config class, the module whose `run(cfg)` runs it, its one-line help)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `swarmrl` parser: one subcommand per role and per submitter or local-swarm command."""
+    parser = _Parser(prog="swarmrl", description="peer-to-peer LoRA GRPO post-training", epilog=EPILOG,
+                     formatter_class=_Formatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                help="one of the commands below; `swarmrl COMMAND --help` lists its options")
+    k = _add(sub, "keygen", "create an Ed25519 key file (mode 0600) and print its peer id")
+    k.add_argument("path", type=Path, help="key file to create (never overwritten)")
+    for name, (_, _, help_) in ROLES.items():
+        _role_parser(sub, name, help_)
+    s = _add(sub, "submit", "sign and submit a job TOML to a trainer; prints the job id")
+    s.add_argument("job", type=existing_file,
+                   help="job TOML: base_model (default tiny) and any JobSpec field overriding the built-in job")
+    s.add_argument("--trainer", required=True, type=endpoint, metavar="HOST:PORT", help="the trainer's gRPC endpoint")
+    s.add_argument("--tls-sha256", type=sha256_hex, default=b"", metavar="HEX",
+                   help="the trainer serves TLS: pin its certificate (tls_sha256 in its ready file)")
+    s.add_argument("--key", type=Path, default=Path("keys/submitter.key"),
+                   help="the submitter's key file (created if missing)")
+    s.add_argument("--cache-dir", type=Path, help="base model cache (default: $SWARMRL_CACHE or ~/.cache/swarmrl)")
+    st = _add(sub, "status", "show a job's progress and peers")
+    st.add_argument("job_id", type=nonempty, help="the id `swarmrl submit` printed")
+    st.add_argument("--trainer", required=True, type=endpoint, metavar="HOST:PORT",
+                    help="the gRPC endpoint of a trainer of the job")
+    st.add_argument("--tls-sha256", type=sha256_hex, default=b"", metavar="HEX",
+                    help="the trainer serves TLS: pin its certificate (tls_sha256 in its ready file)")
+    st.add_argument("--history", type=int_at_least(0), default=10, help="recent steps to show")
+    st.add_argument("--json", action="store_true", help="print the raw status as JSON (hashes in hex)")
+    f = _add(sub, "fetch", "download a job's adapter in PEFT format")
+    f.add_argument("job_id", type=nonempty, help="the id `swarmrl submit` printed")
+    f.add_argument("--trainer", required=True, type=endpoint, metavar="HOST:PORT",
+                   help="the gRPC endpoint of a trainer of the job")
+    f.add_argument("--tls-sha256", type=sha256_hex, default=b"", metavar="HEX",
+                   help="the trainer serves TLS: pin its certificate (tls_sha256 in its ready file)")
+    f.add_argument("--out", type=Path, required=True, help="folder to write the adapter into (created)")
+    f.add_argument("--cache-dir", type=Path, help="base model cache (default: $SWARMRL_CACHE or ~/.cache/swarmrl)")
+    _up_parser(sub)
+    e = _add(sub, "eval", "held-out greedy score: base model vs adapter")
+    e.add_argument("job_file", nargs="?", type=existing_file, help="JOB.toml whose task to score (default: arithmetic)")
+    e.add_argument("--adapter", type=Path, required=True, help="a PEFT adapter folder (from fetch or up)")
+    e.add_argument("--model", type=model_name, default=None, help="base model (default: from the adapter's config)")
+    e.add_argument("--n", type=int_at_least(1), default=200, help="held-out prompts")
+    e.add_argument("--seed", type=int_at_least(0), default=None,
+                   help="the job's seed, which picks a data set's held-out rows (default: the job file's, else 0)")
+    e.add_argument("--cache-dir", type=Path, help="base model cache (default: $SWARMRL_CACHE or ~/.cache/swarmrl)")
+    from swarmrl.simulations.cli_args import add_arguments as add_simulate_arguments  # argparse only
+
+    add_simulate_arguments(_add(sub, "simulate", "simulate the swarm at scale on a simulated clock "
+                                "(SimPy; simulations/README.md)"))
+    d = _add(sub, "dashboard", "serve a trainer's live job pages here, polling its gRPC status")
+    d.add_argument("--trainer", required=True, type=endpoint, metavar="HOST:PORT", help="the trainer's gRPC endpoint")
+    d.add_argument("--job", action="append", default=[], metavar="JOB_ID", help="list this job on the index page")
+    d.add_argument("--host", default="127.0.0.1", help="where the page listens (loopback unless told)")
+    d.add_argument("--port", type=int, default=8080, help="0: any free port")
+    _env_parser(sub)
+    return parser
+
+
+def _up_parser(sub: SubParsers) -> None:
+    up = _add(sub, "up", "run a whole local swarm on 127.0.0.1 and train a job file (or the built-in job)",
+              epilog=UP_EPILOG)
+    up.add_argument("job_file", nargs="?", type=existing_file, help="JOB.toml, as `swarmrl submit` takes it")
+    up.add_argument("--model", type=model_name, default=None,
+                    help="tiny | gemma (google/gemma-3-270m) | a model folder; default: the job file's base_model, "
+                         "else gemma")
+    up.add_argument("--steps", type=int_at_least(1), help="job steps (default: the built-in job's)")
+    up.add_argument("--workers", type=int_at_least(1), default=2, help="honest workers")
+    up.add_argument("--backend", choices=["hf", "vllm"], default="hf",
+                    help="honest workers' inference backend (vllm: its server in .venv-vllm; default: hf)")
+    up.add_argument("--trainers", type=int_at_least(1), default=1, help="trainers serving the job (they average gradients)")
+    up.add_argument("--out", type=Path, default=Path("runs/latest"), help="output folder (adapter, metrics, summary)")
+    up.add_argument("--loss", choices=["grpo", "dapo", "dr_grpo", "gspo", "cispo"],
+                    help="loss variant (default: the built-in job's)")
+    up.add_argument("--max-async-level", type=int_at_least(0),
+                    help="max policy versions a rollout may lag (default: the built-in job's)")
+    up.add_argument("--seed", type=int_at_least(0), help="job seed (default: 0)")
+    up.add_argument("--cache-dir", type=Path, help="base model cache (default: $SWARMRL_CACHE or ~/.cache/swarmrl)")
+    up.add_argument("--timeout", type=positive_float, default=3600.0, help="seconds before giving up")
+    up.add_argument("--threads", default="", metavar="ROLE=N,...",
+                    help=f"torch threads per role ({', '.join(THREAD_ROLES)}), e.g. trainer=2,worker=1 (default: 1)")
+    up.add_argument("--red-team", default="", metavar="MODES",
+                    help="adversarial workers, one per mode, comma-separated, or 'all': "
+                         + ", ".join(cfgmod.RED_TEAM_MODES) + " (default: none)")
+    up.add_argument("--netns", action="store_true",
+                    help="run the roles on a test bed of Linux network namespaces (root): a slow lossy link, "
+                         "a worker behind NAT (node/local/netns.py)")
+    up.add_argument("--tls", action="store_true", help="trainers serve gRPC over TLS, pinned by the signed job record")
+    up.add_argument("-j", "--job", dest="job_overrides", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a built-in job field (dotted fields, JSON values), repeatable")
+
+
+def _env_parser(sub: SubParsers) -> None:
+    env = _add(sub, "env", "installed environments and reward functions; check a job's task")
+    env_sub = env.add_subparsers(dest="env_command", required=True, metavar="ENV_COMMAND",
+                                 help="list | check (`swarmrl env ENV_COMMAND --help` lists its options)")
+    _add(env_sub, "list", "installed environments and built-in reward functions")
+    check = _add(env_sub, "check", "load a job's task, render prompts as workers will, grade the reference answers")
+    check.add_argument("job", type=existing_file, help="JOB.toml, as `swarmrl submit` takes it")
+    check.add_argument("--model", type=model_name, default=None, help="base model override (default: the job file's)")
+    check.add_argument("--cache-dir", type=Path, help="base model cache (default: $SWARMRL_CACHE or ~/.cache/swarmrl)")
+    check.add_argument("-n", type=int_at_least(1), default=3, help="prompts to show")
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    """`swarmrl env list` or `swarmrl env check JOB.toml`; returns the exit code."""
+    from swarmrl.node.cli import env as env_cli
+    return env_cli.env_list() if args.env_command == "list" else env_cli.env_check(args.job, args.model,
+                                                                                     args.cache_dir, args.n)
+
+
+# ---- commands ------------------------------------------------------------------------------------
+
+
+def cmd_keygen(args: argparse.Namespace) -> int:
+    """Create a new Ed25519 key file and print its peer id.
+
+    Raises:
+        UsageError: the file exists (keys are never overwritten) or its folder is not writable.
+    """
+    if args.path.exists():
+        raise UsageError(f"{str(args.path)!r} exists; keys are never overwritten: choose a new path")
+    check_writable(args.path.parent, "key folder")
+    from swarmrl.protocol.identity import Identity
+
+    ident = Identity.generate()
+    ident.save(args.path)
+    print(ident.peer_id)
+    return 0
+
+
+def cmd_role(args: argparse.Namespace) -> int:
+    """Resolve the role's config (--config, then -o overrides, then --initial-peers), check a
+    worker's base model, then print the config (--dry-run) or run the role until it exits."""
+    import importlib
+
+    cls, module, _ = ROLES[args.command]
+    cfg = _resolve(cls, args)
+    if isinstance(cfg, cfgmod.WorkerConfig):
+        check_model_available(cfg.base_model, cfg.cache_dir)
+    if args.dry_run:
+        print(cfgmod.dump_config(cfg))
+        return 0
+    importlib.import_module(module).run(cfg)
+    return 0
+
+
+def _resolve(cls: type[cfgmod.C], args: argparse.Namespace) -> cfgmod.C:
+    """The role's config from its file and overrides; --initial-peers travels as one more override."""
+    overrides = list(args.overrides)
+    if args.initial_peers is not None:
+        if any(cfgmod.parse_override(o)[0] == ["net", "initial_peers"] for o in overrides):
+            raise UsageError("--initial-peers and -o net.initial_peers set the same field: give one")
+        overrides.append(f"net.initial_peers={json.dumps(args.initial_peers)}")
+    return cfgmod.load_config(cls, args.config, overrides)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    """Check a job file as a worker would, sign it with --key and submit it; prints the job id."""
+    precheck_job_file(args.job, args.key)
+    from swarmrl.node.submitter.client import submit_job
+    from swarmrl.node.tasks.job_file import load_job_file
+    from swarmrl.protocol.identity import Identity
+
+    loaded = load_job_file(args.job, args.cache_dir)   # every check a worker would trip over, here
+    for warning in loaded.report.warnings:
+        print(f"swarmrl submit: warning: {warning}", file=sys.stderr)
+    job_id = submit_job(args.trainer, Identity.load_or_create(args.key), loaded.spec, dataset=loaded.dataset,
+                        tls_sha256=args.tls_sha256)
+    print(job_id)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print a job's status, as tables or (--json) as JSON.
+
+    Raises:
+        UnknownJob: the trainer does not host the job.
+    """
+    from swarmrl.node.cli.status import message_dict, print_status
+    from swarmrl.node.submitter.client import UnknownJob, job_status
+
+    st = job_status(args.trainer, args.job_id, history=args.history, tls_sha256=args.tls_sha256)
+    if st.state == "unknown":
+        raise UnknownJob(f"unknown job {args.job_id!r}: the trainer at {args.trainer} does not host it "
+                         "(use the id `swarmrl submit` printed)")
+    if args.json:
+        print(json.dumps(message_dict(st), indent=2))
+        return 0
+    print_status(st)
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    """Download a job's current adapter into --out in PEFT format; prints its version and hash."""
+    check_writable(args.out, "--out")
+    from swarmrl.node.submitter.client import fetch_job_adapter
+
+    version, h = fetch_job_adapter(args.trainer, args.job_id, args.out, args.cache_dir, tls_sha256=args.tls_sha256)
+    print(f"adapter version {version} (sha256 {h.hex()}) written to {args.out}")
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Check every `up` argument (before torch is imported), then run the local swarm to the end
+    of its job (node/local/up.py)."""
+    red_team = red_team_modes(args.red_team)
+    threads = parse_threads(args.threads)
+    job, flags = up_job_fields(args)
+    check_writable(args.out, "--out")
+    precheck_job_fields({**job, **flags}, "job")
+    from swarmrl.node.local.up import UpOptions, run_up
+
+    opts = UpOptions(out=args.out, model=args.model, workers=args.workers, trainers=args.trainers,
+                     cache_dir=args.cache_dir, threads=threads, timeout_s=args.timeout, red_team=red_team,
+                     job_overrides=job, job_file=args.job_file,
+                     worker_overrides=[f"backend={json.dumps(args.backend)}"], netns=args.netns, tls=args.tls,
+                     **flags)
+    if args.job_file is None and opts.model is None:
+        opts.model = "gemma"
+    run_up(opts)
+    return 0
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    """Serve a trainer's job pages here until interrupted."""
+    from swarmrl.node.ops.dashboard import run_dashboard
+
+    run_dashboard(args.trainer, args.host, args.port, args.job)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Score the base model and --adapter on held-out prompts of the job's task (greedy).
+
+    Raises:
+        UsageError: --adapter is not a PEFT adapter folder.
+    """
+    if not (args.adapter / "adapter_config.json").is_file():
+        raise UsageError(f"--adapter {str(args.adapter)!r} is not a PEFT adapter folder (no adapter_config.json); "
+                         "pass the --out of `swarmrl fetch` or the adapter/ folder of `swarmrl up`")
+    from swarmrl.node.evaluation.heldout import run_eval
+
+    run_eval(args.adapter, model=args.model, n=args.n, cache_dir=args.cache_dir, job_file=args.job_file,
+             seed=args.seed)
+    return 0
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"keygen": cmd_keygen, "submit": cmd_submit, "status": cmd_status, "fetch": cmd_fetch, "up": cmd_up,
+            "eval": cmd_eval, "dashboard": cmd_dashboard, "env": cmd_env, **{r: cmd_role for r in ROLES}}
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """Run the swarm simulator (simulations/); returns its exit code."""
+    from swarmrl.simulations.run import main as simulate_main  # lazily: no torch, no hivemind
+
+    return simulate_main(args)
+
+
+COMMANDS["simulate"] = cmd_simulate
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse `argv` (default: sys.argv[1:]) and run the command; returns the exit code (EPILOG).
+
+    An expected failure (`cli_checks.describe_failure`) is printed as one line on stderr; anything
+    else, or any failure with SWARMRL_TRACEBACK=1, propagates with its traceback.
+    """
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
+        os.environ.setdefault(var, "1")  # models are prepared locally; never reach for a hub
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except (Exception, KeyboardInterrupt) as exc:
+        failure = describe_failure(exc, args)
+        if failure is None or os.environ.get("SWARMRL_TRACEBACK") == "1":
+            raise
+        code, line = failure
+        print(f"swarmrl {args.command}: {' '.join(line.split())}", file=sys.stderr)
+        return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,2 @@
+"""local/: the local swarm (`swarmrl up`): its processes, outputs, endpoints and the network-namespace
+test bed."""

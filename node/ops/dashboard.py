@@ -1,0 +1,179 @@
+"""The live job page's routes, over any source of `JobStatus`: the trainer's own jobs (served by
+the trainer on its ops port) or a trainer's gRPC `GetJobStatus` (`swarmrl dashboard --trainer`).
+
+    GET /                      the jobs served here
+    GET /jobs/JOB              the page (polls /jobs/JOB/panel every 2 s and swaps it in place)
+    GET /jobs/JOB/panel        the live panel (HTML fragment)
+    GET /jobs/JOB/status.json  the status the panel was rendered from
+    ?steps=N                   chart the last N steps (1..HISTORY)
+
+A status is fetched at most once per `ttl_s` per job however many requests arrive (one fetch in
+flight, the others wait for it and share it), so a burst of page requests costs the trainer a
+bounded number of ledger reads and never touches its step. Unknown jobs and paths are 404,
+malformed queries 400.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from google.protobuf.json_format import MessageToDict
+
+from swarmrl.node.ops import dashboard_page as render
+from swarmrl.node.ops.http_server import Reply, Routes, int_param, not_found, parse_query
+from swarmrl.protocol.pb import swarm_pb2 as pb
+
+if TYPE_CHECKING:
+    from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
+
+HISTORY = 500      # step rows fetched per status
+VERDICTS = 20      # recent verdicts fetched per status
+JOB_ID = re.compile(r"[0-9a-f]{32}")   # protocol.jobspec.job_id_from_body
+HTML = "text/html; charset=utf-8"
+Fetch = Callable[[str], "pb.JobStatus | None"]   # job id -> status, None for a job the source doesn't know
+
+
+class StatusCache:
+    """`fetch` results per job, at most one fetch per `ttl_s` (single flight); unknown jobs are
+    remembered too, and at most `max_jobs` entries are kept (least recently used out)."""
+
+    def __init__(self, fetch: Fetch, ttl_s: float = 1.0, max_jobs: int = 256,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.fetch, self.ttl_s, self.max_jobs, self.clock = fetch, ttl_s, max_jobs, clock
+        self._entries: OrderedDict[str, tuple[float, pb.JobStatus | None]] = OrderedDict()
+        self._locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+        self.fetches = 0
+
+    def get(self, job_id: str) -> pb.JobStatus | None:
+        """The status of `job_id` (None if the source doesn't know it), fetched at most once per
+        `ttl_s`; concurrent requests for one job share a fetch."""
+        hit = self._fresh(job_id)
+        if hit is not None:
+            return hit[1]
+        with self._lock:
+            job_lock = self._locks.setdefault(job_id, threading.Lock())
+        with job_lock:
+            hit = self._fresh(job_id)   # another request fetched it while we waited
+            if hit is not None:
+                return hit[1]
+            st = self.fetch(job_id)
+            self.fetches += 1
+            with self._lock:
+                self._entries[job_id] = (self.clock(), st)
+                self._entries.move_to_end(job_id)
+                while len(self._entries) > self.max_jobs:
+                    old, _ = self._entries.popitem(last=False)
+                    self._locks.pop(old, None)
+            return st
+
+    def known(self) -> list[str]:
+        """Jobs fetched so far that the source knows."""
+        with self._lock:
+            return sorted(j for j, (_, st) in self._entries.items() if st is not None)
+
+    def _fresh(self, job_id: str) -> tuple[float, pb.JobStatus | None] | None:
+        with self._lock:
+            entry = self._entries.get(job_id)
+        if entry is not None and self.clock() - entry[0] < self.ttl_s:
+            return entry
+        return None
+
+
+def add_dashboard_routes(routes: Routes, cache: StatusCache, jobs: Callable[[], list[str]], source: str) -> None:
+    """Serve the job pages of `cache` (`jobs`: the ids the index lists; `source`: where the
+    status comes from, shown on the page)."""
+
+    def index(path: str, raw: str) -> Reply:
+        parse_query(raw, set())
+        return Reply(200, render.index(jobs()).encode(), HTML)
+
+    rendered: dict[tuple[str, str, int], tuple[pb.JobStatus, bytes]] = {}   # rendered once per fetched status
+    lock = threading.Lock()
+
+    def job(path: str, raw: str) -> Reply:
+        parts = path.strip("/").split("/")   # ["jobs", JOB] or ["jobs", JOB, what]
+        if len(parts) not in (2, 3) or not JOB_ID.fullmatch(parts[1]):
+            return not_found()
+        what = parts[2] if len(parts) == 3 else ""
+        if what not in ("", "panel", "status.json"):
+            return not_found()
+        steps = int_param(parse_query(raw, {"steps"}), "steps", HISTORY, 1, HISTORY)
+        st = cache.get(parts[1])
+        if st is None:
+            return not_found(f"unknown job {parts[1]}")
+        key = (parts[1], what, steps)
+        with lock:
+            hit = rendered.get(key)
+        if hit is None or hit[0] is not st:
+            hit = (st, _render(st, what, steps, source))
+            with lock:
+                rendered[key] = hit
+                while len(rendered) > 64:
+                    rendered.pop(next(iter(rendered)))
+        return Reply(200, hit[1], "application/json" if what == "status.json" else HTML)
+
+    routes.add("/", index)
+    routes.add("/jobs/", job)
+
+
+def _render(st: pb.JobStatus, what: str, steps: int, source: str) -> bytes:
+    shown = pb.JobStatus()
+    shown.CopyFrom(st)
+    del shown.history[:-steps]
+    if what == "status.json":
+        return json.dumps(MessageToDict(shown)).encode()
+    return (render.panel(shown) if what == "panel" else render.page(shown, source)).encode()
+
+
+def local_fetch(jobs: Callable[[], dict[str, Any]], status: Callable[..., pb.JobStatus]) -> Fetch:
+    """Statuses of a trainer's own jobs (`Trainer.jobs`), read in the HTTP thread with `status`
+    (`node.trainer.status.job_status`: job, history, verdicts, holders=)."""
+    def fetch(job_id: str) -> pb.JobStatus | None:
+        job = jobs().get(job_id)
+        return None if job is None else status(job, HISTORY, VERDICTS, holders=True)
+    return fetch
+
+
+def grpc_fetch(stub: pb_grpc.TrainerStub, timeout_s: float = 10.0) -> Fetch:
+    """Statuses over a trainer's gRPC `GetJobStatus` (`swarmrl dashboard`), each call retried with
+    backoff when the trainer refuses it as overloaded or can't be reached (`node.net.grpc_retry`; the
+    dashboard has no identity, so it names no peer)."""
+    from swarmrl.node.net.grpc_retry import call_with_backoff
+
+    def fetch(job_id: str) -> pb.JobStatus | None:
+        req = pb.JobStatusRequest(job_id=job_id, history=HISTORY, verdicts=VERDICTS, holders=True)
+        st = call_with_backoff(lambda: stub.GetJobStatus(req, timeout=timeout_s))
+        return None if st.state == "unknown" else st
+    return fetch
+
+
+def run_dashboard(trainer: str, host: str, port: int, job_ids: list[str], max_message_mb: int = 64) -> None:
+    """`swarmrl dashboard`: serve the job pages of the trainer at `trainer` (HOST:PORT) until
+    interrupted, polling its gRPC `GetJobStatus`."""
+    import grpc
+
+    from swarmrl.node.net.grpc_options import channel_options
+    from swarmrl.node.ops.http_server import start_ops_server
+    from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
+
+    channel = grpc.insecure_channel(trainer, options=channel_options(max_message_mb))
+    cache = StatusCache(grpc_fetch(pb_grpc.TrainerStub(channel)), ttl_s=1.0)
+    routes = Routes()
+    add_dashboard_routes(routes, cache, lambda: sorted(set(job_ids) | set(cache.known())), f"trainer {trainer} (gRPC)")
+    server = start_ops_server(host, port, routes)
+    for j in job_ids or [""]:
+        print(server.url(f"/jobs/{j}" if j else "/"), flush=True)
+    try:
+        server.thread.join()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
+        channel.close()

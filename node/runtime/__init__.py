@@ -1,0 +1,2 @@
+"""runtime/: what every role process shares: its config, signals and bounded exit, child processes,
+SQLite files."""
