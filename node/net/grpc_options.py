@@ -1,5 +1,5 @@
-"""gRPC channel and server options: message limits set explicitly on both ends, and keepalive
-settings that agree between them.
+"""gRPC channel and server options: message limits set explicitly on both ends (and the same
+limit for the in-process path, `check_message_size`), and keepalive settings that agree between them.
 
 Keepalive: our clients ping every `KEEPALIVE_S` (30 s), with or without calls, so a NAT or
 firewall on the way keeps an idle connection open. A server that does not permit that closes the
@@ -13,15 +13,35 @@ ours set; Go and Java clients keep pinging.)
 
 from __future__ import annotations
 
+import grpc
+
+from swarmrl.node.net.call_status import CallRefused
+
 MiB = 1 << 20
 KEEPALIVE_S = 30          # how often our clients and servers ping an idle connection
 KEEPALIVE_TIMEOUT_S = 20  # an unanswered ping closes the connection after this long
 MIN_PING_S = 10           # the most often a server lets a client ping (with or without calls)
 
 
+def message_limit_bytes(max_message_mb: int) -> int:
+    """The largest message (serialized bytes) a channel of `max_message_mb` sends or receives:
+    gRPC's limit on both ends (`channel_options`), and the in-process path's (`check_message_size`)."""
+    return max_message_mb * MiB
+
+
+def check_message_size(n_bytes: int, limit_bytes: int) -> None:
+    """Refuse a message over the limit as gRPC does: RESOURCE_EXHAUSTED, "larger than max".
+
+    Raises:
+        CallRefused: `n_bytes` > `limit_bytes`.
+    """
+    if n_bytes > limit_bytes:
+        raise CallRefused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"Received message larger than max ({n_bytes} vs. {limit_bytes})")
+
+
 def channel_options(max_message_mb: int) -> list[tuple[str, int]]:
     """Options for both servers and clients: send/receive limits and keepalive."""
-    limit = max_message_mb * MiB
+    limit = message_limit_bytes(max_message_mb)
     return [
         ("grpc.max_send_message_length", limit),
         ("grpc.max_receive_message_length", limit),

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, TypeVar
 
 import grpc
 
+from swarmrl.node.net.call_status import EndedCall
 from swarmrl.node.net.grpc_guard import retry_after_ms
 
 T = TypeVar("T")
@@ -50,7 +51,7 @@ class Backoff:
         return min(max(0.0, hint_s), self.max_hint_s) + (rng or random).uniform(0.0, cap)
 
 
-class GaveUp(grpc.RpcError, grpc.Call):  # type: ignore[misc]  # grpc's classes are untyped
+class GaveUp(EndedCall):
     """A call still refused (overloaded: RESOURCE_EXHAUSTED) or unreachable (UNAVAILABLE) after
     every attempt its backoff allows. A grpc.RpcError and grpc.Call with the last refusal's code,
     details and metadata, so callers that handle a failed call handle this one too; its message
@@ -76,25 +77,6 @@ class GaveUp(grpc.RpcError, grpc.Call):  # type: ignore[misc]  # grpc's classes 
     def initial_metadata(self) -> Any:
         """The last refusal's initial metadata."""
         return self.last.initial_metadata() if isinstance(self.last, grpc.Call) else ()
-
-    def is_active(self) -> bool:
-        """Never: the call is over."""
-        return False
-
-    def time_remaining(self) -> float | None:
-        """None: the call is over."""
-        return None
-
-    def cancel(self) -> bool:
-        """Nothing to cancel: the call is over."""
-        return False
-
-    def add_callback(self, callback: Callable[[], None]) -> bool:
-        """Not added: the call is over."""
-        return False
-
-    def __str__(self) -> str:
-        return f"{self.code().name}: {self.details()}"
 
 
 def call_with_backoff(call: Callable[[], T], backoff: Backoff = Backoff(), *,
@@ -122,7 +104,8 @@ def stream_with_backoff(open_stream: Callable[[], Iterable[T]], backoff: Backoff
     """The messages of a server stream, its opening retried as `call_with_backoff` retries a call:
     `open_stream()` starts the call, and a refusal before its first message (or before it ended
     with none) opens it again. A failure after the first message is raised as it came. Lazy: the
-    call starts when the first message is asked for; a stream left unfinished is cancelled."""
+    call starts when the first message is asked for; a stream left unfinished is cancelled (a
+    generator, as an in-process stream is, is closed)."""
     def opened() -> tuple[Iterable[T], Iterator[T]]:
         stream = open_stream()
         it = iter(stream)
@@ -138,3 +121,5 @@ def stream_with_backoff(open_stream: Callable[[], Iterable[T]], backoff: Backoff
     finally:
         if isinstance(stream, grpc.RpcContext):
             stream.cancel()   # a no-op once the call ended; frees the server's thread otherwise
+        elif isinstance(stream, Generator):
+            stream.close()    # an in-process stream (`node.local.inprocess`): ends the trainer's generator
