@@ -44,16 +44,14 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import grpc
-
-from swarmrl.node.net.grpc_options import channel_options
+from swarmrl.node.net.grpc_wire import GrpcWire
+from swarmrl.node.net.trainer_client import TrainerClient
 from swarmrl.node.swarm.datasets import DatasetFetchStats, DatasetStore, fetch_dataset
 from swarmrl.node.swarm.dht import start_dht, visible_maddrs
 from swarmrl.node.swarm.gossip import GossipNode
 from swarmrl.node.trainer.service import serve
 from swarmrl.protocol.envs.dataset import DatasetTask, RewardSpec, chunk_hashes, sha256_hex
 from swarmrl.protocol.identity import Identity
-from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
 
 MAX_MESSAGE_MB = 16
 MODES = ("no-gossip", "gossip-together", "gossip-jitter", "gossip-chain")
@@ -106,7 +104,7 @@ def worker_main(conn: Connection, peers: list[str], endpoint: str) -> None:
     logging.basicConfig(level=logging.WARNING)
     dht = start_dht(peers)
     gossip = GossipNode(dht, Identity.generate())
-    stub = pb_grpc.TrainerStub(grpc.insecure_channel(endpoint, options=channel_options(MAX_MESSAGE_MB)))
+    trainer = TrainerClient(GrpcWire(endpoint, b"", max_message_mb=MAX_MESSAGE_MB))   # a worker's client
     conn.send("ready")
     try:
         while True:
@@ -121,10 +119,11 @@ def worker_main(conn: Connection, peers: list[str], endpoint: str) -> None:
             time.sleep(max(0.0, start_at - time.monotonic()))
             task, stats = DatasetTask.model_construct(**fields), DatasetFetchStats()
             got = fetch_dataset(task, DatasetStore(Path(store)), stats=stats, gossip=gossip if use_gossip else None,
-                                dht=dht, trainer_fetch=lambda req: stub.FetchDataset(req, timeout=120))
+                                dht=dht, trainer=trainer)
             ok = sha256_hex(got) == task.dataset_sha256
             conn.send((time.monotonic(), dict(stats.sources), dict(stats.refused), ok))
     finally:
+        trainer.close()
         gossip.shutdown()
         dht.shutdown()
 

@@ -39,6 +39,7 @@ import torch
 
 from swarmrl.node.inference import build_backend, scoring
 from swarmrl.node.models.base_model import prepare_base_model, resolve_model_name
+from swarmrl.node.net.grpc_wire import connect
 from swarmrl.node.runtime.config import TrainerConfig
 from swarmrl.node.submitter.client import submit_job
 from swarmrl.node.tasks.builtin_jobs import builtin_job
@@ -181,8 +182,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                   spec_json=spec.canonical_json(), trainer_public_key=trainer_key.public_key)
             backend = build_backend("hf", path)
             backend.add_slot(job_id, spec.lora)
-            session = JobSession(record, identity=Identity.generate(), backend=backend,
-                                 max_prompts=spec.prompts_per_lease, max_message_mb=64, grade_timeout_s=30)
+            worker = Identity.generate()
+            session = JobSession(record, connect(record, max_message_mb=64, peer_id=worker.peer_id), identity=worker,
+                                 backend=backend, max_prompts=spec.prompts_per_lease, grade_timeout_s=30)
             phases, steps = Phases(), []
             instrument(runtime, phases)
             for _ in range(args.steps):

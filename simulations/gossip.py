@@ -44,7 +44,7 @@ from swarmrl.simulations.scenario import Gossip
 
 _PICK_TRIES = 6
 PEER_FETCH_TIMEOUT_S = 30.0      # node/swarm/gossip.py: GossipNode.fetch(timeout_s=30.0)
-TRAINER_FETCH_TIMEOUT_S = 120.0  # node/worker/session.py: stub.FetchAdapter(req, timeout=120)
+TRAINER_FETCH_TIMEOUT_S = 120.0  # node/net/trainer_client.py: FETCH_TIMEOUT_S
 MAX_TRIES = 1000                 # a bound on fetch attempts per worker and version (the product retries for ever)
 GIVE_UP_S = 600.0                # a catch-up still failing this long after it began is left to the worker's next lease
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 
 import grpc
 
+from swarmrl.node.net.trainer_client import AdapterFetcher
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol.identity import peer_id_from_public_key
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -26,10 +27,6 @@ from swarmrl.protocol.updates import AdapterReplica, ReceivedUpdate, VersionNotK
 
 log = logging.getLogger(__name__)
 DEFAULT_CAPACITY = 4
-
-Fetch = Callable[[pb.AdapterRequest], Iterable[pb.AdapterChunk]]
-"""A `FetchAdapter` call: e.g. `lambda req: stub.FetchAdapter(req, timeout=120)`."""
-
 
 class VersionUnavailable(LookupError):
     """The trainer does not serve this version: it was never published."""
@@ -100,14 +97,15 @@ class SnapshotCache:
 class TrainerAdapters(AdapterSource):
     """A job's versions fetched from its trainer as signed snapshots (see the module docstring).
 
-    fetch: the trainer's FetchAdapter call; trainer_public_key: from the job's signed DHT record.
+    trainer: the job's trainer (its client, `node.net.trainer_client.AdapterFetcher`);
+    trainer_public_key: from the job's signed DHT record.
     """
 
-    def __init__(self, job_id: str, trainer_public_key: bytes, fetch: Fetch, cache: SnapshotCache) -> None:
+    def __init__(self, job_id: str, trainer_public_key: bytes, trainer: AdapterFetcher, cache: SnapshotCache) -> None:
         self.job_id = job_id
         self.trainer_public_key = trainer_public_key
         self.trainer_id = peer_id_from_public_key(trainer_public_key)
-        self.fetch = fetch
+        self.trainer = trainer
         self.cache = cache
 
     def state(self, version: int) -> tuple[ad.State, bytes]:
@@ -120,7 +118,7 @@ class TrainerAdapters(AdapterSource):
 
     def _updates(self, req: pb.AdapterRequest) -> list[ReceivedUpdate]:
         try:
-            return list(assemble(self.fetch(req), self.trainer_id))
+            return list(assemble(self.trainer.fetch_adapter(req), self.trainer_id))
         except grpc.RpcError as exc:
             if exc.code() == grpc.StatusCode.OUT_OF_RANGE:
                 raise VersionNotKept(self.job_id, req.want_version) from exc

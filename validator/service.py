@@ -1,7 +1,9 @@
 """The validator's network side: follow jobs' trainers, judge admitted batches, report verdicts.
 
-Every call to a trainer names this validator (`swarmrl-peer` metadata) and is retried with
-backoff when the trainer refuses it as overloaded or can't be reached (`node.net.grpc_retry`).
+The trainer of each job is reached through a `ValidatorTrainer` client (`node.net.trainer_client`)
+that `connect` makes from the job's record: over gRPC by default (`grpc_wire.connect`: every call
+names this validator in `swarmrl-peer` metadata and is retried with backoff when the trainer
+refuses it as overloaded or can't be reached), or in process (`node.local.inprocess`).
 
 One round per job: SampleAdmitted(after the saved cursor) -> GetJobStatus (the head, read after
 the batches were admitted) -> per batch: `Validator.validate_batch` -> sign a `VerdictReport`
@@ -13,8 +15,10 @@ slot per job; adapter snapshots are shared through one LRU.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,10 +26,8 @@ import grpc
 
 from swarmrl.node.inference import build_backend
 from swarmrl.node.models.base_model import default_cache_dir, find_base_model_by_sha
-from swarmrl.node.net import tls
-from swarmrl.node.net.grpc_guard import peer_metadata
-from swarmrl.node.net.grpc_options import channel_options
-from swarmrl.node.net.grpc_retry import call_with_backoff, stream_with_backoff
+from swarmrl.node.net import grpc_wire, tls
+from swarmrl.node.net.trainer_client import ValidatorTrainer
 from swarmrl.node.runtime.config import ValidatorConfig
 from swarmrl.node.swarm.datasets import DatasetStore, DatasetUnavailable, fetch_dataset
 from swarmrl.node.swarm.dht import VerifiedRecord
@@ -35,7 +37,6 @@ from swarmrl.protocol.envs.base import Environment
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
-from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
 from swarmrl.validator.adapters import SnapshotCache, TrainerAdapters
 from swarmrl.validator.checks import LogprobTolerance
 from swarmrl.validator.reputation import Reputation
@@ -47,8 +48,9 @@ from swarmrl.validator.validator import Validator, ValidatorSettings
 log = logging.getLogger(__name__)
 MAX_BATCHES = 16           # admitted batches asked per round and job
 MAX_VERDICTS_PER_REPORT = 512
-RPC_TIMEOUT_S = 30.0
-FETCH_TIMEOUT_S = 120.0
+Connect = Callable[[pb.JobRecord], ValidatorTrainer]
+"""A client of the trainer that signed a record (`grpc_wire.connect` by default; raises
+tls.PinError, or ValueError for a record it can't connect to)."""
 
 
 def sign_report(identity: Identity, job_id: str, verdicts: list[pb.Verdict], now_ms: int) -> pb.Signed:
@@ -59,48 +61,38 @@ def sign_report(identity: Identity, job_id: str, verdicts: list[pb.Verdict], now
 
 @dataclass
 class JobWatch:
-    """A job the validator follows: its record, spec, trainer stub and adapter source."""
+    """A job the validator follows: its record, spec, trainer client and adapter source."""
 
     record: VerifiedRecord
     spec: JobSpec
-    channel: grpc.Channel
-    stub: pb_grpc.TrainerStub
+    trainer: ValidatorTrainer
     adapters: TrainerAdapters
     model_sha: str
     refused_reported: bool = False
     env: Environment | None = None
-    metadata: tuple[tuple[str, str], ...] = ()   # every call's: the validator's peer id
 
     @classmethod
-    def open(cls, record: VerifiedRecord, *, max_message_mb: int, cache: SnapshotCache, peer_id: str = "") -> JobWatch:
-        """Connect to the job's trainer (over TLS pinned by its record, when it has a fingerprint),
-        naming ourselves as `peer_id` in every call ("" = anonymous).
-        Raises ValueError when the record's spec does not parse or names an environment that is
-        not installed here; tls.PinError when the trainer's pinned certificate can't be confirmed."""
+    def open(cls, record: VerifiedRecord, trainer: ValidatorTrainer, *, cache: SnapshotCache) -> JobWatch:
+        """Follow the job of `record` through `trainer`, the client of the trainer that signed it
+        (`grpc_wire.connect`, or in process); the watch closes it, also when opening fails.
+        Raises ValueError when the record's spec does not parse, names an environment that is
+        not installed here, or a data set no source served."""
         r = record.record
-        spec = JobSpec.from_json(r.spec_json)
-        channel = tls.channel(r.endpoint, bytes(r.tls_cert_sha256), channel_options(max_message_mb))
-        stub = pb_grpc.TrainerStub(channel)
-        meta = peer_metadata(peer_id) if peer_id else ()
-        dataset = None
-        if spec.dataset is not None:   # by content address from the trainer, verified chunk by chunk
-            try:
-                dataset = fetch_dataset(spec.dataset, DatasetStore(default_cache_dir() / "datasets"),
-                                        trainer_fetch=lambda req: stream_with_backoff(
-                                            lambda: stub.FetchDataset(req, timeout=FETCH_TIMEOUT_S, metadata=meta)),
-                                        trainer_name=r.trainer_id)
-            except DatasetUnavailable as exc:
-                channel.close()
-                raise ValueError(str(exc)) from None
         try:
+            spec = JobSpec.from_json(r.spec_json)
+            dataset = None
+            if spec.dataset is not None:   # by content address from the trainer, verified chunk by chunk
+                try:
+                    dataset = fetch_dataset(spec.dataset, DatasetStore(default_cache_dir() / "datasets"),
+                                            trainer=trainer, trainer_name=r.trainer_id)
+                except DatasetUnavailable as exc:
+                    raise ValueError(str(exc)) from None
             env = job_environment(spec, dataset)  # installed here (or the data set's bytes), or ValueError
         except ValueError:
-            channel.close()
+            trainer.close()
             raise
-        adapters = TrainerAdapters(r.job_id, record.trainer_public_key,
-                                   lambda req: stream_with_backoff(
-                                       lambda: stub.FetchAdapter(req, timeout=FETCH_TIMEOUT_S, metadata=meta)), cache)
-        return cls(record, spec, channel, stub, adapters, r.base_model_sha256.hex(), env=env, metadata=meta)
+        adapters = TrainerAdapters(r.job_id, record.trainer_public_key, trainer, cache)
+        return cls(record, spec, trainer, adapters, r.base_model_sha256.hex(), env=env)
 
     @property
     def job_id(self) -> str:
@@ -116,45 +108,42 @@ class JobWatch:
         """Up to MAX_BATCHES admitted batches after ledger sequence `after_seq`, oldest first.
 
         Raises:
-            grpc.RpcError: the trainer could not be reached (or did not answer in RPC_TIMEOUT_S);
+            grpc.RpcError: the trainer could not be reached (or did not answer in time);
                 `grpc_retry.GaveUp` (one) when it still refused or was unreachable after every retry.
         """
-        req = pb.SampleRequest(job_id=self.job_id, after_seq=after_seq, max_batches=MAX_BATCHES)
-        return list(stream_with_backoff(lambda: self.stub.SampleAdmitted(req, timeout=RPC_TIMEOUT_S,
-                                                                          metadata=self.metadata)))
+        return self.trainer.sample_admitted(pb.SampleRequest(job_id=self.job_id, after_seq=after_seq,
+                                                             max_batches=MAX_BATCHES))
 
     def head_version(self) -> int:
         """The job's policy version at the trainer now.
 
         Raises:
-            grpc.RpcError: the trainer could not be reached (or did not answer in RPC_TIMEOUT_S);
+            grpc.RpcError: the trainer could not be reached (or did not answer in time);
                 `grpc_retry.GaveUp` (one) when it still refused or was unreachable after every retry.
         """
-        status: pb.JobStatus = call_with_backoff(lambda: self.stub.GetJobStatus(
-            pb.JobStatusRequest(job_id=self.job_id), timeout=RPC_TIMEOUT_S, metadata=self.metadata))
-        return int(status.policy_version)
+        return int(self.trainer.job_status(pb.JobStatusRequest(job_id=self.job_id)).policy_version)
 
     def report(self, envelope: pb.Signed) -> pb.VerdictAck:
         """Send a signed verdict report to the trainer; returns its acknowledgement.
 
         Raises:
-            grpc.RpcError: the trainer could not be reached (or did not answer in RPC_TIMEOUT_S);
+            grpc.RpcError: the trainer could not be reached (or did not answer in time);
                 `grpc_retry.GaveUp` (one) when it still refused or was unreachable after every retry.
         """
-        ack: pb.VerdictAck = call_with_backoff(
-            lambda: self.stub.ReportVerdicts(envelope, timeout=RPC_TIMEOUT_S, metadata=self.metadata))
-        return ack
+        return self.trainer.report_verdicts(envelope)
 
     def close(self) -> None:
-        """Close the channel to the trainer."""
-        self.channel.close()
+        """Close the client of the trainer."""
+        self.trainer.close()
 
 
 class ValidatorService:
     """Everything a validator process holds between rounds (stores, models, followed jobs)."""
 
-    def __init__(self, cfg: ValidatorConfig, identity: Identity) -> None:
+    def __init__(self, cfg: ValidatorConfig, identity: Identity, connect: Connect | None = None) -> None:
         self.cfg, self.identity = cfg, identity
+        self.connect: Connect = connect or functools.partial(grpc_wire.connect, max_message_mb=cfg.max_message_mb,
+                                                             peer_id=identity.peer_id)
         state = Path(cfg.state_dir)
         self.seen = SeenStore(state / "seen.sqlite")
         self.reputation = Reputation(state / "reputation.sqlite")
@@ -236,8 +225,7 @@ class ValidatorService:
         if watch is not None:
             self.watches.pop(key).close()
         try:
-            watch = JobWatch.open(rec, max_message_mb=self.cfg.max_message_mb, cache=self.cache,
-                                  peer_id=self.identity.peer_id)
+            watch = JobWatch.open(rec, self.connect(rec.record), cache=self.cache)
         except ValueError as exc:
             log.warning("job %s: can't validate it: %s", key[0][:12], str(exc)[:200])
             self.unusable.add(key)

@@ -2,7 +2,7 @@
 
 For each missing version the replica asks the peers that announce that delta (in random order, at
 most `max_peer_attempts` of them per update and run, 0: all; each failed peer fetch can cost the
-fetch's 30 s timeout), then, for whatever is still missing, the trainer over gRPC. More than
+fetch's 30 s timeout), then, for whatever is still missing, the trainer (its client: gRPC, or in process). More than
 `max_gap` versions behind (or holding nothing yet) it takes one snapshot instead: the newest one peers hold within
 `max_gap` of the wanted version (then deltas from there), else the trainer's snapshot of it. Every update is verified exactly as when it comes from the trainer: the
 header's signature (the job's trainer or a cotrainer it lists), the payload's sha256, the
@@ -26,12 +26,13 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import hivemind
 
+from swarmrl.node.net.trainer_client import AdapterFetcher
 from swarmrl.node.swarm.gossip import GossipNode
 from swarmrl.node.swarm.holders import Holder, UpdateKey, find_holders
 from swarmrl.protocol import adapter as ad
@@ -50,10 +51,6 @@ _SNAPSHOT: UpdateKey = (-1, True)
 class UntrustedSigner(ad.AdapterError):
     """A validly signed update from a trainer this replica does not accept (e.g. a cotrainer its
     trainer's record does not list yet)."""
-
-
-TrainerFetch = Callable[[pb.AdapterRequest], Iterable[pb.AdapterChunk]]
-"""The trainer's FetchAdapter call, e.g. `lambda req: stub.FetchAdapter(req, timeout=120)`."""
 
 
 HELD_AT_KEPT = 1024   # versions whose first-held time a replica keeps (the newest)
@@ -122,20 +119,22 @@ class SyncStats:
 class CatchUp:
     """Brings one job's `AdapterReplica` to a wanted version (thread-safe; see module docstring).
 
+    trainer: the followed trainer, the last resort (`node.net.trainer_client.AdapterFetcher`: a
+        worker's `WorkerTrainer`); reassign it to follow another trainer of the job.
     signers: the trainer ids whose signatures are accepted now (from the followed job record).
     gossip/dht: None to fetch from the trainer only (no peers).
     max_peer_attempts: peers asked per update in one `run` before the trainer (0: every holder;
     the snapshot, whichever version, counts as one update).
     """
 
-    def __init__(self, replica: AdapterReplica, *, trainer_fetch: TrainerFetch, signers: Callable[[], set[str]],
+    def __init__(self, replica: AdapterReplica, *, trainer: AdapterFetcher, signers: Callable[[], set[str]],
                  gossip: GossipNode | None = None, dht: hivemind.DHT | None = None, max_gap: int = 8,
                  peer_wait_s: float = 1.0, max_peer_attempts: int = delta_sources.MAX_PEER_ATTEMPTS,
                  wait_rule: str = delta_sources.WAIT_RULE, rng: random.Random | None = None) -> None:
         delta_sources.needs_snapshot(0, 0, max_gap)   # raises ValueError unless max_gap >= 1
         delta_sources.attempts_left(max_peer_attempts, 0)
         delta_sources.wait_ceiling_s(peer_wait_s, wait_rule, 0)   # raises ValueError for an unknown rule
-        self.replica, self.trainer_fetch, self.signers = replica, trainer_fetch, signers
+        self.replica, self.trainer, self.signers = replica, trainer, signers
         self.gossip, self.dht = gossip, dht
         self.max_gap, self.peer_wait_s, self.max_peer_attempts = max_gap, peer_wait_s, max_peer_attempts
         self.wait_rule = wait_rule
@@ -318,7 +317,7 @@ class CatchUp:
         req = pb.AdapterRequest(job_id=self.job_id, have_version=max(self.replica.version, 0), want_version=want,
                                 snapshot=snapshot, requester="worker")
         try:
-            for update in assemble(self.trainer_fetch(req), self.signers()):
+            for update in assemble(self.trainer.fetch_adapter(req), self.signers()):
                 self._apply(update)
                 self._count_trainer(update)
         except ad.AdapterError as exc:

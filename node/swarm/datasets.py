@@ -4,9 +4,9 @@ A data-set job names its file by sha256 (plus size and per-chunk hashes, `protoc
 worker or validator that needs it looks in its cache (`<cache>/datasets/<sha256>`, re-hashed on
 read), then asks the peers that announce it in the DHT (the holders record of
 "dataset:<sha256>", `swarm.holders`; served by `GossipNode.hold_dataset` over libp2p), in random
-order, then the job's trainer over gRPC (`FetchDataset`). Every source's bytes are verified chunk
-by chunk: a sender of a bad chunk is refused, counted in `DatasetFetchStats.refused` and not
-asked again. The verified file is cached and, with gossip on, served and announced in turn.
+order, then the job's trainer (`FetchDataset`, through its client: gRPC or in process). Every
+source's bytes are verified chunk by chunk: a sender of a bad chunk is refused, counted in
+`DatasetFetchStats.refused` and not asked again. The verified file is cached and, with gossip on, served and announced in turn.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from swarmrl.node.net.trainer_client import DatasetFetcher
 from swarmrl.node.swarm.gossip import GossipNode
 from swarmrl.node.swarm.holders import find_holders
 from swarmrl.protocol.blobs import BlobError, assemble_blob
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
     import hivemind
 
 log = logging.getLogger(__name__)
-TrainerFetch = Callable[[pb.UpdateRequest], Iterable[pb.AdapterChunk]]
 
 
 class DatasetUnavailable(RuntimeError):
@@ -83,10 +83,11 @@ class DatasetStore:
         return self.path(sha256_hex)
 
 
-def fetch_dataset(task: DatasetTask, store: DatasetStore, *, trainer_fetch: TrainerFetch | None,
+def fetch_dataset(task: DatasetTask, store: DatasetStore, *, trainer: DatasetFetcher | None,
                   gossip: GossipNode | None = None, dht: hivemind.DHT | None = None, stats: DatasetFetchStats | None = None,
                   trainer_name: str = "trainer") -> bytes:
-    """The verified bytes of `task`'s file: cache, then announcing peers, then the trainer.
+    """The verified bytes of `task`'s file: cache, then announcing peers, then `trainer` (the
+    job's trainer's client, `node.net.trainer_client.DatasetFetcher`; None: no trainer to ask).
 
     Raises:
         DatasetUnavailable: every source failed or sent bytes that did not verify.
@@ -104,9 +105,9 @@ def fetch_dataset(task: DatasetTask, store: DatasetStore, *, trainer_fetch: Trai
             stats.sources["peer"] += 1
             store.put(sha, data)
             return _serve(task, data, gossip)
-    if trainer_fetch is not None:
+    if trainer is not None:
         req = pb.UpdateRequest(job_id="dataset:" + sha, payload_sha256=bytes.fromhex(sha))
-        data = _verified(lambda: trainer_fetch(req), task, trainer_name, stats)
+        data = _verified(lambda: trainer.fetch_dataset(req), task, trainer_name, stats)
         if data is not None:
             stats.sources["trainer"] += 1
             store.put(sha, data)

@@ -8,12 +8,14 @@ serves what this worker holds to other peers.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import random
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -26,7 +28,9 @@ from swarmrl.node.models.base_model import (
     is_builtin_model,
     resolve_model_name,
 )
-from swarmrl.node.net import tls
+from swarmrl.node.net import grpc_wire, tls
+from swarmrl.node.net.grpc_wire import same_trainer_endpoint
+from swarmrl.node.net.trainer_client import WorkerTrainer
 from swarmrl.node.ops.metrics import metrics_urls, start_metrics
 from swarmrl.node.runtime.config import WorkerConfig
 from swarmrl.node.runtime.lifecycle import start_role, write_ready
@@ -41,9 +45,9 @@ from swarmrl.node.worker.session import AdapterBehind, JobSession
 from swarmrl.protocol.envs import get_environment, installed_environments
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
+from swarmrl.protocol.pb import swarm_pb2 as pb
 
 if TYPE_CHECKING:   # annotations only
-    from collections.abc import Callable
     from types import SimpleNamespace
 
     import hivemind
@@ -83,14 +87,18 @@ def by_job(records: list[VerifiedRecord]) -> dict[str, list[VerifiedRecord]]:
 
 
 TRAINER_RETRY_S = 30.0
+Connect = Callable[[pb.JobRecord], WorkerTrainer]
+"""A client of the trainer that signed a record (`grpc_wire.connect` by default; raises tls.PinError)."""
 
 
 class Worker:
     """The job sessions of one worker process over one loaded base model."""
 
     def __init__(self, cfg: WorkerConfig, identity: Identity, dht: hivemind.DHT | None = None,
-                 gossip: GossipNode | None = None) -> None:
+                 gossip: GossipNode | None = None, connect: Connect | None = None) -> None:
         self.cfg, self.identity = cfg, identity
+        self.connect: Connect = connect or functools.partial(grpc_wire.connect, max_message_mb=cfg.max_message_mb,
+                                                             peer_id=identity.peer_id)
         self.dht, self.gossip = dht, gossip
         names = [resolve_model_name(m) if is_builtin_model(m) else m for m in (cfg.base_models or [cfg.base_model])]
         self.backends: dict[str, InferenceBackend] = {}   # base-model sha256 -> backend (one load per model)
@@ -116,22 +124,31 @@ class Worker:
 
     def session(self, rec: VerifiedRecord) -> JobSession:
         """The session of the record's job, opened on first use (a LoRA slot on the backend of the
-        job's base model)."""
+        job's base model, a client of the record's trainer: `connect`); a session that follows
+        another trainer's endpoint now gets a client of the new one."""
         job_id = rec.record.job_id
-        if job_id not in self.sessions:
+        session = self.sessions.get(job_id)
+        if session is None:
             spec = JobSpec.from_json(rec.record.spec_json)
             backend = self.backends[rec.record.base_model_sha256.hex()]
             backend.add_slot(job_id, spec.lora)
-            self.sessions[job_id] = JobSession(
-                rec.record, identity=self.identity, backend=backend, max_prompts=self.cfg.max_prompts,
-                datasets=self.datasets, dataset_stats=self.dataset_stats,
-                max_message_mb=self.cfg.max_message_mb, grade_timeout_s=self.cfg.grade_timeout_s,
-                gossip=self.gossip, dht=self.dht if self.gossip is not None else None, max_gap=self.cfg.max_gap,
-                peer_wait_s=self.cfg.peer_wait_s, max_peer_attempts=self.cfg.max_peer_attempts,
-                wait_rule=self.cfg.wait_rule)
+            trainer = self.connect(rec.record)
+            try:
+                session = JobSession(
+                    rec.record, trainer, identity=self.identity, backend=backend, max_prompts=self.cfg.max_prompts,
+                    datasets=self.datasets, dataset_stats=self.dataset_stats, grade_timeout_s=self.cfg.grade_timeout_s,
+                    gossip=self.gossip, dht=self.dht if self.gossip is not None else None, max_gap=self.cfg.max_gap,
+                    peer_wait_s=self.cfg.peer_wait_s, max_peer_attempts=self.cfg.max_peer_attempts,
+                    wait_rule=self.cfg.wait_rule)
+            except BaseException:
+                trainer.close()
+                raise
+            self.sessions[job_id] = session
+        elif not same_trainer_endpoint(session.record, rec.record):
+            session.use_record(rec.record, self.connect(rec.record))
         else:
-            self.sessions[job_id].use_record(rec.record)
-        return self.sessions[job_id]
+            session.use_record(rec.record)
+        return session
 
     def choose(self, records: list[VerifiedRecord]) -> VerifiedRecord:
         """The trainer record to follow for one job: the preferred trainer, else the one followed

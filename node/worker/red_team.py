@@ -39,6 +39,7 @@ import torch
 
 from swarmrl.node.inference.base import Sampling
 from swarmrl.node.models.causal_lm import encode_prompt
+from swarmrl.node.net.trainer_client import ValidatorTrainer
 from swarmrl.node.tasks.episode_play import encode_observation
 from swarmrl.node.worker.session import JobSession, RoundResult
 from swarmrl.protocol.envs import Environment, PromptSpec
@@ -284,8 +285,10 @@ class RedTeam:
     def _admitted_since_last_round(self, session: JobSession) -> list[pb.AdmittedBatch]:
         """Batches the trainer admitted since this worker last asked (its open SampleAdmitted RPC)."""
         after = self._cursor.get(session.job_id, 0)
-        batches = list(session.stub.SampleAdmitted(
-            pb.SampleRequest(job_id=session.job_id, after_seq=after, max_batches=64), timeout=30))
+        if not isinstance(session.trainer, ValidatorTrainer):
+            raise TypeError("the replay drill reads admitted batches: its trainer client must also be a ValidatorTrainer")
+        batches = session.trainer.sample_admitted(pb.SampleRequest(job_id=session.job_id, after_seq=after,
+                                                                   max_batches=64))
         if batches:
             self._cursor[session.job_id] = max(int(b.seq) for b in batches)
         return batches

@@ -1,6 +1,7 @@
 """One worker's work on one job: lease -> catch up -> generate -> grade -> sign -> submit.
 
-A session follows one of the job's trainers (its signed DHT record); `use_record` switches to
+A session follows one of the job's trainers (its signed DHT record), through the client it is
+handed (`node.net.trainer_client.WorkerTrainer`: gRPC or in process); `use_record` switches to
 another trainer of the same job (same adapter versions: they average gradients). Catch-up goes
 through `swarm.catchup.CatchUp` (peers first, the trainer as fallback); the backend's adapter is
 swapped only between rounds, so every completion carries the version that generated it.
@@ -20,10 +21,7 @@ import hivemind
 from swarmrl.node.inference.base import InferenceBackend, SampledCompletion, Sampling
 from swarmrl.node.models.base_model import default_cache_dir
 from swarmrl.node.models.causal_lm import render_prompt
-from swarmrl.node.net import tls
-from swarmrl.node.net.grpc_guard import peer_metadata
-from swarmrl.node.net.grpc_options import channel_options
-from swarmrl.node.net.grpc_retry import call_with_backoff
+from swarmrl.node.net.trainer_client import WorkerTrainer
 from swarmrl.node.swarm.catchup import CatchUp
 from swarmrl.node.swarm.datasets import DatasetFetchStats, DatasetStore, fetch_dataset
 from swarmrl.node.swarm.gossip import GossipNode
@@ -38,7 +36,6 @@ from swarmrl.protocol.envs.episode import EpisodeEnv
 from swarmrl.protocol.identity import Identity, peer_id_from_public_key
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
-from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
 from swarmrl.protocol.updates import AdapterReplica
 
 log = logging.getLogger(__name__)
@@ -62,32 +59,31 @@ class RoundResult:
 
 
 class JobSession:
-    """A worker's connection to one job's trainer, its adapter replica and grading pool."""
+    """A worker's work on one job: the trainer it follows, its adapter replica and grading pool.
 
-    def __init__(self, record: pb.JobRecord, *, identity: Identity, backend: InferenceBackend,
-                 max_prompts: int, max_message_mb: int, grade_timeout_s: float, gossip: GossipNode | None = None,
+    trainer: the client of the followed trainer (`node.net.trainer_client.WorkerTrainer`: over
+        gRPC, `grpc_wire.connect(record, ...)`, or in process, `node.local.inprocess`); the
+        session closes it.
+    """
+
+    def __init__(self, record: pb.JobRecord, trainer: WorkerTrainer, *, identity: Identity, backend: InferenceBackend,
+                 max_prompts: int, grade_timeout_s: float, gossip: GossipNode | None = None,
                  dht: hivemind.DHT | None = None, max_gap: int = MAX_GAP, peer_wait_s: float = 1.0,
                  max_peer_attempts: int = delta_sources.MAX_PEER_ATTEMPTS, wait_rule: str = delta_sources.WAIT_RULE,
                  datasets: DatasetStore | None = None, dataset_stats: DatasetFetchStats | None = None) -> None:
         self.spec = JobSpec.from_json(record.spec_json)
         self.identity, self.backend, self.max_prompts = identity, backend, max_prompts
-        self.max_message_mb = max_message_mb
-        self.record = record
-        self.channel = tls.channel(record.endpoint, bytes(record.tls_cert_sha256), channel_options(max_message_mb))
-        self.stub = pb_grpc.TrainerStub(self.channel)
-        self.metadata = peer_metadata(identity.peer_id)   # the trainer bounds streams per peer
+        self.record, self.trainer = record, trainer
         dataset = None
         if self.spec.dataset is not None:   # by content address: cache, peers, then this trainer
             dataset = fetch_dataset(self.spec.dataset, datasets or DatasetStore(default_cache_dir() / "datasets"),
-                                    trainer_fetch=lambda req: self.stub.FetchDataset(req, timeout=120,
-                                                                                     metadata=self.metadata),
-                                    gossip=gossip, dht=dht, stats=dataset_stats, trainer_name=record.trainer_id)
+                                    trainer=trainer, gossip=gossip, dht=dht, stats=dataset_stats,
+                                    trainer_name=record.trainer_id)
         self.env = job_environment(self.spec, dataset)
         self.replica = AdapterReplica(record.job_id, bytes(record.trainer_public_key))
-        self.sync = CatchUp(self.replica,
-                            trainer_fetch=lambda req: self.stub.FetchAdapter(req, timeout=120, metadata=self.metadata),
-                            signers=self.signers, gossip=gossip, dht=dht, max_gap=max_gap, peer_wait_s=peer_wait_s,
-                            max_peer_attempts=max_peer_attempts, wait_rule=wait_rule)
+        self.sync = CatchUp(self.replica, trainer=trainer, signers=self.signers, gossip=gossip, dht=dht,
+                            max_gap=max_gap, peer_wait_s=peer_wait_s, max_peer_attempts=max_peer_attempts,
+                            wait_rule=wait_rule)
         self.loaded_version = -1   # the version the backend generates with
         self.grader = grader_for(self.spec, grade_timeout_s)
         self.stats = SessionStats()
@@ -99,13 +95,14 @@ class JobSession:
         return {peer_id_from_public_key(bytes(rec.trainer_public_key)),
                 *(peer_id_from_public_key(bytes(k)) for k in rec.cotrainer_keys if len(k) == 32)}
 
-    def use_record(self, record: pb.JobRecord) -> None:
-        """Follow `record` (a newer record of the same trainer, or another trainer of the job)."""
+    def use_record(self, record: pb.JobRecord, trainer: WorkerTrainer | None = None) -> None:
+        """Follow `record` (a newer record of the same trainer, or another trainer of the job);
+        `trainer`: the client of the trainer it names, when that is not the one followed now
+        (the old client is closed)."""
         assert record.job_id == self.record.job_id
-        if (record.endpoint, record.tls_cert_sha256) != (self.record.endpoint, self.record.tls_cert_sha256):
-            old = self.channel
-            self.channel = tls.channel(record.endpoint, bytes(record.tls_cert_sha256), channel_options(self.max_message_mb))
-            self.stub = pb_grpc.TrainerStub(self.channel)
+        if trainer is not None and trainer is not self.trainer:
+            old, self.trainer = self.trainer, trainer
+            self.sync.trainer = trainer
             old.close()
             log.info("job %s: now following trainer %s at %s", self.job_id[:12], record.trainer_id[:12], record.endpoint)
         self.record = record
@@ -116,9 +113,9 @@ class JobSession:
         return self.record.job_id
 
     def close(self) -> None:
-        """Stop the grading pool, close the trainer channel and free the job's adapter slot."""
+        """Stop the grading pool, close the trainer client and free the job's adapter slot."""
         self.grader.close()
-        self.channel.close()
+        self.trainer.close()
         self.backend.remove_adapter(self.job_id)
 
     # ---- the round
@@ -139,8 +136,8 @@ class JobSession:
         return self.submit(lease, envelope, len(groups))
 
     def request_lease(self) -> pb.Lease | None:
-        """Ask the trainer for a lease of up to `max_prompts` prompts (signed request, 30 s timeout;
-        refused as overloaded or unreachable, retried with backoff: `node.net.grpc_retry`).
+        """Ask the trainer for a lease of up to `max_prompts` prompts (a signed request; refused
+        as overloaded or unreachable, retried with backoff: `node.net.trainer_client`).
 
         Returns None when it grants none (its reason goes to `last_refusal`). Raises grpc.RpcError
         when the trainer can't be reached.
@@ -148,7 +145,7 @@ class JobSession:
         req = pb.LeaseRequest(job_id=self.job_id, max_prompts=self.max_prompts,
                               adapter_version=max(self.replica.version, 0), created_ms=int(time.time() * 1000))
         signed = signing.sign(self.identity, signing.LEASE_REQUEST, req)
-        reply: pb.LeaseReply = call_with_backoff(lambda: self.stub.RequestLease(signed, timeout=30))
+        reply = self.trainer.request_lease(signed)
         if not reply.HasField("lease"):
             self.last_refusal = reply.reason
             self.stats.leases_refused[reply.reason] += 1
@@ -246,15 +243,13 @@ class JobSession:
         return signing.sign(self.identity, signing.ROLLOUT_BATCH, batch)
 
     def submit(self, lease: pb.Lease, envelope: pb.Signed, n_groups: int) -> RoundResult:
-        """Send a signed batch to the trainer (60 s timeout; refused as overloaded or
-        unreachable, the same batch is resent with backoff: `node.net.grpc_retry`) and read its receipt.
+        """Send a signed batch to the trainer (refused as overloaded or unreachable, the same
+        batch is resent with backoff: `node.net.trainer_client`) and read its receipt.
 
         Returns what was admitted, with the rejection reasons (the batch's, or each rejected group's).
         Raises grpc.RpcError when the trainer can't be reached.
         """
-        receipt = call_with_backoff(
-            lambda: self.stub.SubmitRollouts(iter([envelope]), timeout=60, metadata=self.metadata))
-        b = receipt.batches[0]
+        b = self.trainer.submit_rollouts(envelope)
         reasons = [b.reason] if not b.accepted else [g.reason for g in b.groups if not g.admitted]
         admitted = sum(g.admitted for g in b.groups)
         self.stats.groups_submitted += n_groups

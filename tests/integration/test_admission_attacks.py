@@ -12,6 +12,7 @@ import pytest
 from swarmrl.node.inference import build_backend
 from swarmrl.node.local.processes import LocalSwarm
 from swarmrl.node.models.base_model import prepare_base_model
+from swarmrl.node.net.grpc_wire import connect
 from swarmrl.node.submitter.client import job_status, stub, submit_job
 from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.node.worker.session import JobSession
@@ -44,8 +45,9 @@ def served_job(tmp_path_factory, model_cache):
 
 
 def _session(record, backend, identity=None) -> JobSession:
-    return JobSession(record, identity=identity or Identity.generate(), backend=backend, max_prompts=2,
-                      max_message_mb=64, grade_timeout_s=10)
+    identity = identity or Identity.generate()
+    return JobSession(record, connect(record, max_message_mb=64, peer_id=identity.peer_id), identity=identity,
+                      backend=backend, max_prompts=2, grade_timeout_s=10)
 
 
 def _lease(session: JobSession, timeout_s: float = 120) -> pb.Lease:

@@ -22,6 +22,8 @@ import grpc
 import pytest
 
 from swarmrl.node.local.processes import LocalSwarm
+from swarmrl.node.net.grpc_wire import GrpcWire
+from swarmrl.node.net.trainer_client import TrainerClient
 from swarmrl.node.submitter.client import job_status, sign_job, stub, submit_signed
 from swarmrl.node.swarm.catchup import CatchUp
 from swarmrl.node.swarm.dht import start_dht
@@ -30,7 +32,6 @@ from swarmrl.node.swarm.holders import find_holders
 from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
-from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
 from swarmrl.protocol.updates import AdapterReplica, assemble
 
 pytestmark = pytest.mark.integration
@@ -152,14 +153,13 @@ def test_trainers_average_and_agree_on_every_version(sw: Swarm):
 def late(sw: Swarm):
     """An in-process worker that joins late: a gossip node on this process's DHT node, a replica."""
     gossip = GossipNode(sw.dht, Identity.generate())
-    channel = grpc.insecure_channel(sw.endpoints["trainer0"])
-    trainer = pb_grpc.TrainerStub(channel)
+    trainer = TrainerClient(GrpcWire(sw.endpoints["trainer0"], b"", max_message_mb=64))
     replica = AdapterReplica(sw.job_id, sw.keys["trainer0"].public_key)
     signers = {sw.keys[t].peer_id for t in TRAINERS}
-    cu = CatchUp(replica, trainer_fetch=lambda req: trainer.FetchAdapter(req, timeout=60), signers=lambda: signers,
-                 gossip=gossip, dht=sw.dht, max_gap=8, peer_wait_s=0.5)
+    cu = CatchUp(replica, trainer=trainer, signers=lambda: signers, gossip=gossip, dht=sw.dht, max_gap=8,
+                 peer_wait_s=0.5)
     yield cu
-    channel.close()
+    trainer.close()
     gossip.shutdown()
 
 

@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -220,10 +221,10 @@ def test_fetch_refuses_a_lying_source_counts_it_and_caches_the_good_copy(tmp_pat
     stats = DatasetFetchStats()
     bad = [pb.AdapterChunk(data=bytes(c.data)[::-1], last=c.last) for c in blob_chunks(BIG)]
     with pytest.raises(DatasetUnavailable, match="refused"):
-        fetch_dataset(task, store, trainer_fetch=lambda req: iter(bad), stats=stats, trainer_name="liar")
+        fetch_dataset(task, store, trainer=SimpleNamespace(fetch_dataset=lambda req: iter(bad)), stats=stats, trainer_name="liar")
     assert stats.refused["liar"] == 1 and store.get(task.dataset_sha256) is None
-    got = fetch_dataset(task, store, trainer_fetch=lambda req: blob_chunks(BIG), stats=stats)
+    got = fetch_dataset(task, store, trainer=SimpleNamespace(fetch_dataset=lambda req: blob_chunks(BIG)), stats=stats)
     assert got == BIG and stats.sources["trainer"] == 1
-    assert fetch_dataset(task, store, trainer_fetch=None, stats=stats) == BIG and stats.sources["cache"] == 1
+    assert fetch_dataset(task, store, trainer=None, stats=stats) == BIG and stats.sources["cache"] == 1
     store.path(task.dataset_sha256).write_bytes(b"corrupt")
     assert store.get(task.dataset_sha256) is None   # re-hashed on read, removed

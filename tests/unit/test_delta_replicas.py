@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,11 +25,12 @@ JOB = "ef" * 16
 TRAINER = Identity.from_seed(b"q" * 32)
 
 
-def _fetch(store: AdapterStore, head: int):
+def _fetch(store: AdapterStore, head: int) -> SimpleNamespace:
+    """The trainer's FetchAdapter over the store (an `AdapterFetcher`), without gRPC."""
     def fetch(req: pb.AdapterRequest) -> Iterator[pb.AdapterChunk]:
         for update in store.updates(req, head):
             yield from chunks(update.header, update.payload)
-    return fetch
+    return SimpleNamespace(fetch_adapter=fetch)
 
 
 def _train(store: AdapterStore, versions: int) -> list[ad.State]:
@@ -48,7 +50,7 @@ def test_trainer_worker_and_validator_hold_identical_adapters(codec, tmp_path: P
     versions = 7
     store = AdapterStore(tmp_path / "a", JOB, TRAINER, snapshot_every=3, codec=codec)
     states = _train(store, versions)
-    worker = CatchUp(AdapterReplica(JOB, TRAINER.public_key), trainer_fetch=_fetch(store, versions),
+    worker = CatchUp(AdapterReplica(JOB, TRAINER.public_key), trainer=_fetch(store, versions),
                      signers=lambda: {TRAINER.peer_id}, max_gap=100)
     validator = TrainerAdapters(JOB, TRAINER.public_key, _fetch(store, versions), SnapshotCache(capacity=1))
     for v in range(versions + 1):
@@ -77,9 +79,9 @@ def test_a_malformed_delta_is_rejected_counted_and_replaced_by_a_snapshot(tmp_pa
     def fetch(req: pb.AdapterRequest) -> Iterator[pb.AdapterChunk]:
         if not req.snapshot and req.have_version == 1:
             return chunks(signed, bad)
-        return _fetch(store, 2)(req)
+        return _fetch(store, 2).fetch_adapter(req)
 
-    worker = CatchUp(AdapterReplica(JOB, TRAINER.public_key), trainer_fetch=fetch,
+    worker = CatchUp(AdapterReplica(JOB, TRAINER.public_key), trainer=SimpleNamespace(fetch_adapter=fetch),
                      signers=lambda: {TRAINER.peer_id}, max_gap=100)
     worker.run(1)
     worker.run(2)

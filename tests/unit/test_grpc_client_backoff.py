@@ -21,6 +21,7 @@ import torch
 from swarmrl.node.cli.main import main as cli_main
 from swarmrl.node.net.grpc_options import channel_options
 from swarmrl.node.net.grpc_retry import Backoff, GaveUp
+from swarmrl.node.net.grpc_wire import connect
 from swarmrl.node.ops.dashboard import grpc_fetch
 from swarmrl.node.submitter.client import fetch_snapshot, job_status, sign_job, submit_signed
 from swarmrl.node.swarm.cotrainers import Cotrainer, Cotrainers, fetch_chain
@@ -144,7 +145,8 @@ REFUSED = Backoff().attempts - 1   # refusals a client with the default backoff 
 def test_validator_names_itself_and_retries_every_call(serve: Callable[[int], Served]) -> None:
     s = serve(REFUSED)
     me = Identity.from_seed(b"v" * 32)
-    watch = JobWatch.open(s.record(), max_message_mb=64, cache=SnapshotCache(), peer_id=me.peer_id)
+    rec = s.record()
+    watch = JobWatch.open(rec, connect(rec.record, max_message_mb=64, peer_id=me.peer_id), cache=SnapshotCache())
     try:
         assert [b.seq for b in watch.sample(5)] == [6, 7]                 # a stream: its opening retried
         assert watch.head_version() == HEAD                                # unary
@@ -204,7 +206,8 @@ def test_clients_give_up_after_their_attempts_with_a_clear_error(serve: Callable
     assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and isinstance(caught.value, grpc.RpcError)
     assert f"gave up after {attempts} attempts" in str(caught.value)
     assert caught.value.waited_s >= (attempts - 1) * HINT_MS / 1000   # the hint was honoured each time
-    watch = JobWatch.open(s.record(), max_message_mb=64, cache=SnapshotCache(), peer_id="v" * 40)
+    rec = s.record()
+    watch = JobWatch.open(rec, connect(rec.record, max_message_mb=64, peer_id="v" * 40), cache=SnapshotCache())
     try:
         with pytest.raises(GaveUp, match="too many streams"):
             watch.sample(0)

@@ -13,6 +13,8 @@ import grpc
 import pytest
 import torch
 
+from swarmrl.node.net.grpc_wire import GrpcWire
+from swarmrl.node.net.trainer_client import TrainerClient
 from swarmrl.node.runtime.config import TrainerConfig
 from swarmrl.node.submitter.client import stub
 from swarmrl.node.trainer.adapter_store import AdapterStore
@@ -86,7 +88,7 @@ class FakeFetch:
     def __init__(self, store: AdapterStore, head: int) -> None:
         self.store, self.head = store, head
 
-    def __call__(self, req: pb.AdapterRequest) -> Iterator[pb.AdapterChunk]:
+    def fetch_adapter(self, req: pb.AdapterRequest) -> Iterator[pb.AdapterChunk]:
         for update in self.store.updates(req, self.head):
             yield from chunks(update.header, update.payload)
 
@@ -123,13 +125,13 @@ def test_catch_up_inside_the_window_by_deltas_and_a_late_joiner_by_a_snapshot(pu
     trainer, store, exact = published
     fetch = FakeFetch(store, 30)
     behind = AdapterReplica(JOB, trainer.public_key)
-    behind.apply(next(assemble(fetch(pb.AdapterRequest(job_id=JOB, want_version=24, snapshot=True)), trainer.peer_id)))
-    got = list(assemble(fetch(pb.AdapterRequest(job_id=JOB, have_version=24, want_version=30)), trainer.peer_id))
+    behind.apply(next(assemble(fetch.fetch_adapter(pb.AdapterRequest(job_id=JOB, want_version=24, snapshot=True)), trainer.peer_id)))
+    got = list(assemble(fetch.fetch_adapter(pb.AdapterRequest(job_id=JOB, have_version=24, want_version=30)), trainer.peer_id))
     assert [u.header.snapshot for u in got] == [False] * 6    # deltas 25..30
     for u in got:
         behind.apply(u)
     assert behind.version == 30 and behind.hash == ad.adapter_hash(exact[30])
-    late = list(assemble(fetch(pb.AdapterRequest(job_id=JOB, have_version=3, want_version=30)), trainer.peer_id))
+    late = list(assemble(fetch.fetch_adapter(pb.AdapterRequest(job_id=JOB, have_version=3, want_version=30)), trainer.peer_id))
     assert [(u.header.snapshot, u.header.to_version) for u in late] == [(True, 30)]   # deltas from 3 are gone
     assert list(store.updates(pb.AdapterRequest(job_id=JOB, want_version=31), 30)) == []  # never published
 
@@ -158,8 +160,8 @@ def test_not_kept_is_answered_over_grpc(published) -> None:
             list(client.FetchAdapter(pb.AdapterRequest(job_id=JOB, want_version=5, snapshot=True), timeout=10))
         assert err.value.code() == grpc.StatusCode.OUT_OF_RANGE
         assert "version 5 is not kept (the trainer keeps versions 24 and newer)" in err.value.details()
-        src = TrainerAdapters(JOB, trainer.public_key, lambda req: client.FetchAdapter(req, timeout=10),
-                              SnapshotCache(2))
+        src = TrainerAdapters(JOB, trainer.public_key, TrainerClient(GrpcWire(f"127.0.0.1:{port}", b"", max_message_mb=16)),
+                              SnapshotCache(2))   # the validator's client: OUT_OF_RANGE is not retried
         with pytest.raises(VersionNotKept):
             src.state(5)
         assert src.state(27)[0] is not None

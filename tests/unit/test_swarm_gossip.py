@@ -9,6 +9,7 @@ import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -34,7 +35,7 @@ class TrainerFetch:
     def __init__(self, store: AdapterStore, head: int) -> None:
         self.store, self.head, self.bytes = store, head, 0
 
-    def __call__(self, req: pb.AdapterRequest) -> Iterator[pb.AdapterChunk]:
+    def fetch_adapter(self, req: pb.AdapterRequest) -> Iterator[pb.AdapterChunk]:
         for update in self.store.updates(req, self.head):
             self.bytes += len(update.payload)
             yield from chunks(update.header, update.payload)
@@ -79,7 +80,7 @@ def _received(update) -> ReceivedUpdate:
 def _catchup(gossip: GossipNode, dht, fetch: TrainerFetch, trainer: Identity, job_id: str = JOB,
              **kw) -> CatchUp:
     replica = AdapterReplica(job_id, trainer.public_key)
-    return CatchUp(replica, trainer_fetch=fetch, signers=lambda: {trainer.peer_id}, gossip=gossip, dht=dht,
+    return CatchUp(replica, trainer=fetch, signers=lambda: {trainer.peer_id}, gossip=gossip, dht=dht,
                    **{"peer_wait_s": 0.0, **kw})
 
 
@@ -182,7 +183,7 @@ def test_data_set_travels_peer_to_peer_and_a_lying_holder_is_refused(nodes, tmp_
     stats = DatasetFetchStats()
     got = None
     for _ in range(5):   # the holder order is random: fetch until the honest holder has answered
-        got = fetch_dataset(task, DatasetStore(tmp_path / f"c{len(asked)}"), trainer_fetch=lambda r: asked.append(r) or iter(()),
+        got = fetch_dataset(task, DatasetStore(tmp_path / f"c{len(asked)}"), trainer=SimpleNamespace(fetch_dataset=lambda r: asked.append(r) or iter(())),
                             gossip=gossips[1], dht=dhts[1], stats=stats)
         if stats.refused:
             break

@@ -52,7 +52,7 @@ class FakeTrainerFetch:
     def __init__(self, store: AdapterStore, head: int) -> None:
         self.store, self.head, self.calls = store, head, 0
 
-    def __call__(self, req: pb.AdapterRequest) -> Iterator[pb.AdapterChunk]:
+    def fetch_adapter(self, req: pb.AdapterRequest) -> Iterator[pb.AdapterChunk]:
         self.calls += 1
         for update in self.store.updates(req, self.head):
             yield from chunks(update.header, update.payload)
