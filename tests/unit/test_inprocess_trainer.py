@@ -25,11 +25,14 @@ from swarmrl.node.models.base_model import prepare_base_model
 from swarmrl.node.runtime.config import TrainerConfig, ValidatorConfig
 from swarmrl.node.submitter.client import sign_job
 from swarmrl.node.tasks.builtin_jobs import builtin_job
+from swarmrl.node.worker.red_team import RedTeam
 from swarmrl.node.worker.session import JobSession
+from swarmrl.protocol import admission as adm
 from swarmrl.protocol import signing
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.red_team_modes import REPLAY
 from swarmrl.protocol.verdicts import ALL
 from swarmrl.validator.service import ValidatorService
 
@@ -190,6 +193,32 @@ def test_two_jobs_sessions_share_one_in_process_trainer(no_network: list[str], h
             s.close()
     assert no_network == []
 
+
+def test_the_replay_drill_reads_admitted_batches_through_the_same_client(no_network: list[str], hosted,
+                                                                         model_cache: Path) -> None:
+    """The red team's replay mode samples admitted batches (a validator's call) through the
+    worker's client, and the trainer refuses what it resends: the verbatim batch as a replay, the
+    reassigned groups as not the lease's."""
+    trainer, spec, job_id, _ = hosted
+    sessions = []
+    for _ in range(2):
+        backend = build_backend("hf", prepare_base_model("tiny", model_cache))
+        backend.add_slot(job_id, spec.lora)
+        record, who = trainer.record(job_id), Identity.generate()
+        sessions.append(JobSession(record, trainer.connect(record), identity=who, backend=backend,
+                                   max_prompts=spec.prompts_per_lease, grade_timeout_s=30))
+    honest, adversary = sessions
+    try:
+        assert _rounds(honest, spec.prompts_per_lease) == 1
+        drill = RedTeam(REPLAY, seed=0)
+        result = drill.work_once(adversary)
+        assert result is not None and result.admitted == 0 and result.groups == spec.prompts_per_lease
+        assert drill.stats.submitted_batches == 2 and drill.stats.admitted_groups == 0
+        assert drill.stats.last_reasons[0] == "replay" and set(result.reasons) == {adm.NOT_IN_LEASE}
+    finally:
+        for s in sessions:
+            s.close()
+    assert no_network == []
 
 def test_the_guard_refuses_internet_sockets_and_grpc(no_network: list[str]) -> None:
     """The guard the tests above run under is real: these would have opened a connection."""
