@@ -240,7 +240,7 @@ class Validator:
     def _grader(self, spec: JobSpec) -> GradingPool:
         key = (spec.environment_id, spec.environment_version)
         if key not in self._graders:
-            self._graders[key] = (self._grader_factory(*key) if spec.dataset is None
+            self._graders[key] = (self._grader_factory(*key) if not spec.carries_task
                                   else grader_for(spec, self.settings.grade_timeout_s))
         return self._graders[key]
 
