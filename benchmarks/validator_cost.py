@@ -105,21 +105,13 @@ def _add_gaps(g: pb.Group, scored: list, group_gaps: list[float], token_gaps: li
     token_gaps += gaps
 
 
-def _nested(overrides: dict[str, str]) -> dict:
-    """`-j a.b=VALUE` overrides as a nested table, each value read as TOML (a bare word as text)."""
-    import tomllib
+def _nested(overrides: list[str]) -> dict:
+    """`-j a.b=VALUE` overrides (JSON values) as a nested table, as the CLI's `-j` reads them."""
+    from swarmrl.node.runtime.config import parse_override, set_dotted
 
     out: dict = {}
-    for key, raw in overrides.items():
-        try:
-            value = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            value = raw
-        *parents, leaf = key.split(".")
-        node = out
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+    for item in overrides:
+        set_dotted(out, *parse_override(item))
     return out
 
 
@@ -128,8 +120,7 @@ def run(args: argparse.Namespace) -> dict:
     name = resolve_model_name(args.model)
     path = prepare_base_model(name, args.cache_dir)
     if args.job is not None:
-        overrides = dict(kv.split("=", 1) for kv in args.j)
-        spec = load_job_file(args.job, args.cache_dir, _nested(overrides), base_model=name).spec
+        spec = load_job_file(args.job, args.cache_dir, _nested(args.j), base_model=name).spec
         env = job_environment(spec)
         pool = grader_for(spec, 30.0)
     else:

@@ -171,10 +171,11 @@ def job_environment(spec: Any, dataset: bytes | None = None) -> Environment:
     """
     from swarmrl.protocol.envs.dataset import DatasetEnv
 
-    if spec.reasoning_gym is not None:
+    rg = getattr(spec, "reasoning_gym", None)
+    if rg is not None:
         from swarmrl.protocol.envs.rg_env import ReasoningGymEnv
 
-        return ReasoningGymEnv(spec.reasoning_gym, spec.seed)
+        return ReasoningGymEnv(rg, spec.seed)
     task = spec.dataset
     if task is None:
         return get_environment(spec.environment, spec.env_version)
