@@ -46,11 +46,29 @@ def _timed(fn):
     return out, time.process_time() - c0, time.perf_counter() - w0
 
 
-def worker_rate(backend, spec, env, length: int, prompts: int) -> dict:
+def tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` and its live descendants (from /proc)."""
+    from swarmrl.node.runtime.procs import descendants
+
+    total = 0
+    for p in (pid, *descendants(pid)):
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def worker_rate(backend, spec, env, length: int, prompts: int, server_pid: int | None = None) -> dict:
+    """One generate call's tokens and seconds; with `server_pid` (vLLM) the CPU is the server's process tree's."""
     specs = env.prompts(spec.seed, range(prompts))
     ids = [render_prompt(backend.tokenizer, p, spec.chat_template) for p in specs]
     sampling = Sampling(n=spec.group_size, max_new_tokens=length, temperature=1.0, stop=(), seed=1)
+    before = tree_cpu_s(server_pid) if server_pid else 0.0
     outs, cpu, wall = _timed(lambda: backend.generate(ids, sampling, adapter=None))
+    if server_pid:
+        cpu = tree_cpu_s(server_pid) - before
     tokens = sum(len(c.token_ids) for group in outs for c in group)
     return {"completions": sum(map(len, outs)), "tokens": tokens, "mean_tokens": tokens / sum(map(len, outs)),
             "cpu_s": cpu, "wall_s": wall, "tokens_per_cpu_s": tokens / cpu, "tokens_per_wall_s": tokens / wall}
@@ -81,6 +99,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=2, help="prompts per generate call (x G completions)")
     ap.add_argument("--groups", type=int, default=1, help="groups of G in the trainer's step")
     ap.add_argument("--skip-trainer", action="store_true")
+    ap.add_argument("--vllm", action="store_true", help="also the vLLM backend (its server's CPU seconds)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -95,15 +114,24 @@ def main() -> None:
     env = job_environment(spec)
     backend = build_backend("hf", path)
     learner = None if args.skip_trainer else Learner(path, spec)
+    vllm = None
+    if args.vllm:
+        from swarmrl.node.inference.vllm_start import start_vllm_backend
+
+        vllm = start_vllm_backend(path, max_jobs=1)
     rows = []
     for length in (int(x) for x in args.lengths.split(",")):
         row = {"model": name, "length": length, "group_size": spec.group_size,
                "worker": worker_rate(backend, spec, env, length, args.prompts)}
+        if vllm is not None:
+            row["worker_vllm"] = worker_rate(vllm, spec, env, length, args.prompts, vllm.server.proc.pid)
         if learner is not None:
             row["trainer"] = trainer_step(learner, spec, env, length, args.groups)
         row["load"] = os.getloadavg()
         print(json.dumps(row), flush=True)
         rows.append(row)
+    if vllm is not None:
+        vllm.close()
     if args.out:
         args.out.write_text(json.dumps(rows, indent=1))
 

@@ -132,3 +132,57 @@ def test_dr_grpo_constant_must_cover_long_completions():
     with pytest.raises(ValueError, match="loss_constant"):
         _spec(variant="dr_grpo", loss_constant=256)
     assert _spec(variant="dr_grpo", loss_constant=1024).loss.loss_constant == 1024
+
+
+# ---- micro-batches: the same loss and gradients however a long batch is split -------------------
+
+
+def test_normalizer_makes_micro_batch_losses_sum_to_the_batch_loss():
+    from swarmrl.protocol.grpo import LossNormalizer
+
+    lp_BT, old_BT, adv_B, mask_BT = _batch()
+    for variant in ("grpo", "dapo", "dr_grpo", "gspo", "cispo"):
+        cfg = LossConfig(variant=variant)
+        norm = LossNormalizer.of(mask_BT)
+        assert (norm.tokens, norm.completions) == (1317.0, 3.0)
+        whole, _ = policy_loss(lp_BT, old_BT, adv_B, mask_BT, cfg, max_new_tokens=K)
+        parts = [policy_loss(lp_BT[i:i + 1], old_BT[i:i + 1], adv_B[i:i + 1], mask_BT[i:i + 1], cfg,
+                             max_new_tokens=K, normalizer=norm)[0] for i in range(3)]
+        assert sum(p.item() for p in parts) == pytest.approx(whole.item(), rel=1e-6), variant
+
+
+def _groups(rng, prompt_lengths, vocab, length):
+    groups = []
+    for i, n in enumerate(prompt_lengths):
+        comps = [pb.Completion(token_ids=[rng.randrange(3, vocab) for _ in range(rng.randint(1, length))],
+                               logprobs=[-1.5] * length, finish_reason="stop", policy_version=0,
+                               reward=float(k % 3), rewards=[float(k % 3)]) for k in range(4)]
+        for c in comps:
+            del c.logprobs[len(c.token_ids):]
+        groups.append(pb.Group(prompt_index=i, prompt_token_ids=[2] + [rng.randrange(3, vocab) for _ in range(n)],
+                               completions=comps))
+    return groups
+
+
+@pytest.mark.parametrize("variant", ["grpo", "dapo", "dr_grpo", "gspo", "cispo"])
+def test_micro_batched_gradients_equal_one_pass(variant, model_cache):
+    import random
+
+    from swarmrl.node.models.base_model import prepare_base_model
+    from swarmrl.node.tasks.builtin_jobs import builtin_job
+    from swarmrl.node.trainer.learner import Learner, micro_batches
+
+    spec = builtin_job("tiny", model_cache, group_size=4, loss={"variant": variant},
+                       sampling={"max_new_tokens": 40, "stop": []})
+    path = prepare_base_model("tiny", model_cache)
+    one, split = Learner(path, spec), Learner(path, spec, micro_batch_tokens=60)
+    groups = _groups(random.Random(0), [5, 9, 3], 300, 40)
+    batch = build_step_batch(groups, spec, current_version=0)
+    spans = micro_batches(batch, 60)
+    assert len(spans) == 3 and spans[0][0] == 0 and spans[-1][1] == 12   # whole groups, in order
+    loss_a, metrics_a = one.compute_gradients(batch)
+    loss_b, metrics_b = split.compute_gradients(batch)
+    assert loss_b == pytest.approx(loss_a, rel=1e-5, abs=1e-7)
+    assert metrics_b["micro_batches"] == 3 and metrics_b["tokens"] == metrics_a["tokens"]
+    for ga, gb in zip(one.grads(), split.grads(), strict=True):
+        torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-7)
