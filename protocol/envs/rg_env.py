@@ -159,11 +159,13 @@ class ReasoningGymEnv(Environment):
     def entry(self, position: int, row: int) -> dict[str, Any]:
         """Row `row` of the `position`-th task's data set (its question, answer and metadata)."""
         key = (position, row)
-        if key not in self._entries:
+        entry = self._entries.get(key)
+        if entry is None:   # a local value: another thread (the trainer's gRPC pool) may clear the cache
+            entry = self.datasets[position][row]
             if len(self._entries) >= _ENTRY_CACHE:
                 self._entries.clear()
-            self._entries[key] = self.datasets[position][row]
-        return self._entries[key]
+            self._entries[key] = entry
+        return entry
 
     def heldout(self, position: int, question: str) -> bool:
         """Whether a question of the `position`-th task belongs to the held-out split."""
