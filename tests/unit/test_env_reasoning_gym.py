@@ -180,3 +180,28 @@ def test_submit_of_an_unknown_task_is_one_line_and_exit_2(tmp_path, model_cache)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert "environment.reasoning_gym[0].task: unknown reasoning-gym task 'chain_sun'" in lines[0]
+
+
+def test_the_validator_keeps_one_grader_per_reasoning_gym_seed(tmp_path, model_cache):
+    """Two jobs on the same task table with different seeds build different data sets: the
+    validator's regrade must not reuse the first job's grading pool for the second."""
+    from types import SimpleNamespace
+
+    from swarmrl.validator.reputation import Reputation
+    from swarmrl.validator.seen import SeenStore
+    from swarmrl.validator.validator import Validator
+
+    job = write_job(tmp_path, 'reasoning_gym = "chain_sum"\nconfig = {max_digits = 2, size = 300}\n')
+    specs = [load_job_file(job, model_cache, {"seed": s}).spec for s in (0, 1)]
+    backend = SimpleNamespace(dtype="float32", vocab_size=320)
+    v = Validator(backend, seen=SeenStore(":memory:"), reputation=Reputation(":memory:"),   # type: ignore[arg-type]
+                  sampling_key=b"k" * 32)
+    try:
+        pools = [v._grader(s) for s in specs]
+        assert pools[0] is not pools[1] and v._grader(specs[0]) is pools[0]
+        for spec, pool in zip(specs, pools, strict=True):
+            p = job_environment(spec).prompt(spec.seed, 3)
+            grade = pool.grade([p.text], [reasoning_completion("think_answer", p.info["answer"])], [p.info])[0]
+            assert grade.reward == pytest.approx(1.1)
+    finally:
+        v.close()
