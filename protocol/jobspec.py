@@ -123,7 +123,8 @@ class JobSpec(_Frozen):
         task = self.dataset
         if task is not None:
             return f"dataset:{task.dataset_sha256[:16]}"
-        return f"reasoning_gym:{hashlib.sha256(self.environment.model_dump_json().encode()).hexdigest()[:16]}"
+        table = json.dumps(self.environment.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return f"reasoning_gym:{hashlib.sha256(table.encode()).hexdigest()[:16]}"   # canonical: key order aside
 
     @property
     def environment_version(self) -> str:

@@ -125,13 +125,13 @@ def test_a_scorer_that_raises_marks_that_completion_only(monkeypatch):
 
 
 def test_job_file_pins_version_and_reasoning_sampling(tmp_path, model_cache):
-    loaded = load_job_file(write_job(tmp_path, 'reasoning_gym = "chain_sum"\nconfig = {max_digits = 1}\n'),
+    loaded = load_job_file(write_job(tmp_path, 'reasoning_gym = "chain_sum"\nconfig = {min_terms = 2, max_digits = 1}\n'),
                            model_cache)
     spec = loaded.spec
     assert spec.reasoning_gym is not None and spec.reasoning_gym.rg_version == installed_version()
     assert spec.sampling.stop == ("</answer>",) and spec.sampling.max_new_tokens == 256
     assert spec.carries_task and spec.environment_id.startswith("reasoning_gym:")
-    again = JobSpec.from_json(spec.canonical_json())
+    again = JobSpec.from_json(spec.canonical_json())   # the wire form sorts the config's keys
     assert again == spec and again.environment_id == spec.environment_id
     assert len(loaded.report.prompt_tokens) == 12
 
