@@ -28,7 +28,7 @@ def main() -> None:
             continue
         ev = json.loads((run / "eval.json").read_text())
         metrics = list(csv.DictReader((run / "metrics.csv").open()))
-        rewards = [float(r["reward"]) for r in metrics]
+        rewards = [float(r["reward_mean"]) for r in metrics]
         summary = json.loads((run / "summary.json").read_text())
         base.append(ev["base_accuracy"])
         tuned.append(ev["adapter_accuracy"])

@@ -36,7 +36,7 @@ def test_up_trains_a_reasoning_gym_job_with_long_completions(tmp_path: Path, mod
     assert summary["groups_admitted"] > 0 and not summary["groups_rejected"]
     assert summary["adapter_hash_agreement"] and summary["serving_workers"] == 2
     rows = list(csv.DictReader((run / "metrics.csv").open()))
-    assert all(0.0 <= float(r["reward"]) <= 1.1 for r in rows)
+    assert all(0.0 <= float(r["reward_mean"]) <= 1.1 for r in rows)
     checks = summary.get("validator", {})
     assert not checks.get("failed"), checks
     ev = _run(["-m", "swarmrl.node.cli.main", "eval", str(JOB), "--adapter", str(run / "adapter"), "--n", "8",
