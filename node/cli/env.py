@@ -26,7 +26,25 @@ def env_list() -> int:
         params = ", ".join(f"{k}={'...' if v is ... else v!r}" for k, v in kind.params.items()) or "-"
         rewards.add_row(name, params, f"[{kind.value_range[0]:g}, {kind.value_range[1]:g}]", kind.description)
     console.print(rewards)
+    _rg_tasks()
     return 0
+
+
+def _rg_tasks() -> None:
+    """The reasoning-gym tasks a job's `[environment] reasoning_gym = NAME` may name, with their
+    configuration fields and defaults (docs/REASONING.md)."""
+    from swarmrl.protocol.envs.rg_env import RGTaskError, installed_version, task_fields, task_names
+
+    try:
+        version = installed_version()
+    except RGTaskError as exc:
+        console.print(f"reasoning-gym tasks: none ({exc})")
+        return
+    table = Table("task", "config fields (default)", title=f"reasoning-gym {version} tasks ([environment] reasoning_gym = TASK)")
+    for name in task_names():
+        fields = ", ".join(f"{k}={'...' if v is ... else v!r}" for k, v in task_fields(name).items())
+        table.add_row(name, fields if len(fields) <= 160 else fields[:157] + "...")
+    console.print(table)
 
 
 def env_check(job: Path, model: str | None, cache_dir: Path | None, n: int = 3) -> int:
@@ -37,6 +55,7 @@ def env_check(job: Path, model: str | None, cache_dir: Path | None, n: int = 3) 
     from swarmrl.protocol.envs import job_environment
     from swarmrl.protocol.envs.dataset import DatasetEnv
     from swarmrl.protocol.envs.episode import EpisodeEnv
+    from swarmrl.protocol.envs.rg_env import ReasoningGymEnv
     from swarmrl.protocol.episode_limits import episode_limits
 
     t0 = time.monotonic()
@@ -56,7 +75,11 @@ def env_check(job: Path, model: str | None, cache_dir: Path | None, n: int = 3) 
                       + f"; total in [{env.reward_range[0]:g}, {env.reward_range[1]:g}]")
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/] {warning}")
-    grades = reference_grades(env, prompts) if isinstance(env, DatasetEnv) else [None] * len(prompts)
+    if isinstance(env, ReasoningGymEnv):
+        console.print(f"reasoning-gym {env.version}: {env.task.label}; format {env.format}, stop "
+                      f"{list(spec.sampling.stop)}, max_new_tokens {spec.sampling.max_new_tokens}")
+    grades = (reference_grades(env, prompts) if isinstance(env, (DatasetEnv, ReasoningGymEnv))
+              else [None] * len(prompts))
     for p, grade in zip(prompts, grades, strict=True):
         ids = render_prompt(tok, p, spec.chat_template)
         console.rule(f"prompt {p.index}: {len(ids)} tokens; reference answer {p.info.get('answer')!r} "

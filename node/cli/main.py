@@ -5,7 +5,7 @@
     swarmrl submit JOB.toml --trainer HOST:PORT
     swarmrl status JOB --trainer HOST:PORT
     swarmrl fetch JOB --trainer HOST:PORT --out DIR
-    swarmrl up [JOB.toml] [--model tiny|gemma|FOLDER] [--steps N] [--workers K] [--out DIR] [-j FIELD=VALUE]
+    swarmrl up [JOB.toml] [--model tiny|gemma|smollm2|FOLDER] [--steps N] [--workers K] [--out DIR] [-j FIELD=VALUE]
     swarmrl simulate [--scenario FILE] [--workers N] [--trainers K] [--hours H] [--cheaters SHARE] [--churn LEVEL]
     swarmrl dashboard --trainer HOST:PORT [--job JOB] [--port N]
     swarmrl eval [JOB.toml] --adapter DIR
@@ -183,8 +183,8 @@ def _up_parser(sub: SubParsers) -> None:
               epilog=UP_EPILOG)
     up.add_argument("job_file", nargs="?", type=existing_file, help="JOB.toml, as `swarmrl submit` takes it")
     up.add_argument("--model", type=model_name, default=None,
-                    help="tiny | gemma (google/gemma-3-270m) | a model folder; default: the job file's base_model, "
-                         "else gemma")
+                    help="tiny | gemma (google/gemma-3-270m) | smollm2 (HuggingFaceTB/SmolLM2-135M-Instruct) | "
+                         "a model folder; default: the job file's base_model, else gemma")
     up.add_argument("--steps", type=int_at_least(1), help="job steps (default: the built-in job's)")
     up.add_argument("--workers", type=int_at_least(1), default=2, help="honest workers")
     up.add_argument("--backend", choices=["hf", "vllm"], default="hf",

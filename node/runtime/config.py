@@ -29,7 +29,8 @@ C = TypeVar("C", bound=BaseModel)
 # bad name is refused without importing torch; tests/unit/test_cli_errors.py checks they agree.
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")   # node.inference.device.check_device_name, without torch
-BASE_MODEL_NAMES = ("tiny", "google/gemma-3-270m", "gemma", "gemma-3-270m", "gemma3-270m")
+BASE_MODEL_NAMES = ("tiny", "google/gemma-3-270m", "gemma", "gemma-3-270m", "gemma3-270m",
+                    "HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2", "smollm2-135m")
 RED_TEAM_MODES = MODES   # protocol/red_team_modes.py (no torch)
 
 

@@ -117,10 +117,10 @@ def env_matches(spec: JobSpec, e: pb.EnvInfo | InstalledEnv) -> bool:
 
 def serves(spec: JobSpec, record: pb.WorkerEnvs) -> bool:
     """Whether the announcing worker can serve the job (base model held; environment matches, or a
-    data-set job)."""
+    job that carries its task: a data set or reasoning-gym tasks)."""
     if spec.base_model_sha256 not in record.base_model_sha256:
         return False
-    return spec.dataset is not None or any(env_matches(spec, e) for e in record.environments)
+    return spec.carries_task or any(env_matches(spec, e) for e in record.environments)
 
 
 @dataclass(frozen=True)
@@ -142,8 +142,8 @@ def serving(spec: JobSpec, records: Sequence[pb.WorkerEnvs]) -> Serving:
         return Serving(0, "no worker announces its environments in the DHT")
     want = (f"environment {spec.environment} {spec.env_version}"
             + (f" (package sha {spec.env_package_sha256[:8]}…)" if spec.env_package_sha256 else "")
-            if spec.dataset is None else f"data set {spec.environment_id}")
-    with_env = [r for r in records if spec.dataset is not None or any(env_matches(spec, e) for e in r.environments)]
+            if not spec.carries_task else f"task {spec.environment_id}")
+    with_env = [r for r in records if spec.carries_task or any(env_matches(spec, e) for e in r.environments)]
     if with_env:
         return Serving(0, f"{len(with_env)} worker(s) announce {want} but none holds base model "
                           f"{spec.base_model} (sha {spec.base_model_sha256[:8]}…)")
@@ -172,7 +172,7 @@ def cached_worker_envs(dht: hivemind.DHT, max_age_s: float = 5.0,
 def package_mismatch(spec: JobSpec, installed: Sequence[InstalledEnv]) -> str:
     """Why the installed copy of the job's environment is not the one the job pins ("" when it is,
     when the job pins no package hash, or for a data-set job)."""
-    if spec.dataset is not None or not spec.env_package_sha256:
+    if spec.carries_task or not spec.env_package_sha256:
         return ""
     same = [e for e in installed if e.name == spec.environment and e.version == spec.env_version]
     if any(env_matches(spec, e) for e in same):

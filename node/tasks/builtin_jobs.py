@@ -11,7 +11,7 @@ from swarmrl.node.models.base_model import (
     is_builtin_model,
     resolve_model_name,
 )
-from swarmrl.node.models.recipes import GEMMA, TINY
+from swarmrl.node.models.recipes import GEMMA, SMOLLM2, TINY
 from swarmrl.protocol.jobspec import JobSpec
 
 # Per base model: chosen so a tiny run takes seconds per step and a Gemma run shows learning
@@ -25,6 +25,12 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     },
     GEMMA: {
         "name": "arithmetic-gemma", "group_size": 8, "batch_groups": 8, "prompts_per_lease": 2, "steps": 60,
+        "learning_rate": 1e-4, "lora": {"rank": 16, "alpha": 32},
+        "sampling": {"temperature": 1.0, "max_new_tokens": 8, "stop": ["\n"]},
+        "max_async_level": 2, "lease_ttl_s": 300.0,
+    },
+    SMOLLM2: {   # Gemma's hyper-parameters; reasoning jobs set their own lengths (docs/REASONING.md)
+        "name": "arithmetic-smollm2", "group_size": 8, "batch_groups": 8, "prompts_per_lease": 2, "steps": 60,
         "learning_rate": 1e-4, "lora": {"rank": 16, "alpha": 32},
         "sampling": {"temperature": 1.0, "max_new_tokens": 8, "stop": ["\n"]},
         "max_async_level": 2, "lease_ttl_s": 300.0,

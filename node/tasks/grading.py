@@ -58,6 +58,8 @@ class GradingPool:
         environment (env_name and env_version then only label the pool).
     env_factory: "module:attr" naming an environment object (or a zero-argument callable
         returning one) to load instead of the named one; for tests and local experiments.
+    task: a reasoning-gym job's `{"environment": task table, "seed": job seed}`: the environment
+        is built from it (`protocol.envs.rg_env`) instead of the named one.
     `failures` counts failures by kind: "timeout", "crash", "exception", "not_a_list",
     "wrong_length" (per call and chunk), "non_finite", "non_numeric" (per value).
     Raises GradingError when the environment can't be loaded. Use as a context manager or call
@@ -73,6 +75,7 @@ class GradingPool:
         processes: int = 1,
         env_factory: str | None = None,
         rewards: list[dict[str, Any]] | None = None,
+        task: dict[str, Any] | None = None,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
@@ -81,7 +84,7 @@ class GradingPool:
         self.timeout_s = float(timeout_s)
         self.failures: Counter[str] = Counter()
         self._spec = {"env_name": env_name, "env_version": env_version, "env_factory": env_factory,
-                      "rewards": rewards}
+                      "rewards": rewards, "task": task}
         self._workers: list[_Worker] = []
         self._finalizer = weakref.finalize(self, _close_all, self._workers)
         self._workers.append(_Worker.start(self._spec))
@@ -344,6 +347,7 @@ def _child_main(read_fd: int, write_fd: int) -> None:
     try:
         spec = json.loads(conn_in.recv_bytes())
         env = (_BuiltinRewards(spec["rewards"]) if spec.get("rewards")
+               else _task_environment(spec["task"]) if spec.get("task")
                else _load_environment(spec["env_name"], spec["env_version"], spec["env_factory"]))
         funcs = list(env.reward_funcs)
         weights = list(env.reward_weights) if getattr(env, "reward_weights", None) is not None else [1.0] * len(funcs)
@@ -389,6 +393,14 @@ class _BuiltinRewards:
         specs = [RewardSpec.model_validate(r) for r in rewards]
         self.reward_funcs = [r.build() for r in specs]
         self.reward_weights = [float(r.weight) for r in specs]
+
+
+def _task_environment(task: dict[str, Any]) -> Any:
+    """A reasoning-gym job's environment, built from its task table and seed (as every node builds it)."""
+    from swarmrl.protocol.envs.rg_env import ReasoningGymEnv
+    from swarmrl.protocol.envs.rg_task import ReasoningGymTask
+
+    return ReasoningGymEnv(ReasoningGymTask.model_validate(task["environment"]), int(task["seed"]))
 
 
 def _load_environment(name: str, version: str, factory: str | None) -> Any:

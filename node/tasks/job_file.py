@@ -21,7 +21,7 @@ from typing import Any
 from swarmrl.node.models.base_model import find_base_model
 from swarmrl.node.models.causal_lm import render_prompt
 from swarmrl.node.tasks.builtin_jobs import _merge, builtin_job
-from swarmrl.protocol.envs import installed_environments, job_environment
+from swarmrl.protocol.envs import heldout_indices, installed_environments, job_environment
 from swarmrl.protocol.envs.base import Environment, PromptSpec
 from swarmrl.protocol.envs.dataset import (
     MAX_DATASET_BYTES,
@@ -32,6 +32,8 @@ from swarmrl.protocol.envs.dataset import (
     render_row,
     sha256_hex,
 )
+from swarmrl.protocol.envs.reasoning_format import STOP
+from swarmrl.protocol.envs.rg_env import ReasoningGymEnv, RGTaskError, installed_version
 from swarmrl.protocol.jobspec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -76,13 +78,19 @@ def load_job_file(path: Path, cache_dir: Path | None = None, overrides: dict[str
     data.pop("base_model_sha256", None)
     dataset = None
     env = data.get("environment")
-    if isinstance(env, dict):
+    if isinstance(env, dict) and "reasoning_gym" in env:
+        data["environment"] = pin_reasoning_gym(env)
+        data.setdefault("name", "reasoning-gym")
+        sampling = data.setdefault("sampling", {})   # the format's stop and length, unless the file says
+        sampling.setdefault("stop", list(STOP))
+        sampling.setdefault("max_new_tokens", ReasoningGymEnv.max_new_tokens)
+    elif isinstance(env, dict):
         data["environment"], dataset = pin_dataset(env, Path(path).parent)
         data.setdefault("name", Path(env["dataset"]).stem[:64] or "dataset")
     spec = builtin_job(model, cache_dir, **data)
     tok = tokenizer if tokenizer is not None else load_tokenizer(spec.base_model, cache_dir)
     report = check_task(spec, dataset, tok)
-    if spec.dataset is None and not spec.env_package_sha256:
+    if not spec.carries_task and not spec.env_package_sha256:
         spec = spec.model_copy(update={"env_package_sha256": package_pin(spec.environment_id, spec.env_version)})
     return LoadedJob(spec, dataset, report)
 
@@ -95,6 +103,15 @@ def package_pin(name: str, version: str) -> str:
         if e.name == name and e.version == version and e.package not in ("", "swarmrl"):
             return e.package_sha256
     return ""
+
+
+def pin_reasoning_gym(env: dict[str, Any]) -> dict[str, Any]:
+    """A reasoning-gym table with `rg_version` pinned to the installed release (unless it names one).
+
+    Raises:
+        RGTaskError: reasoning-gym is not installed.
+    """
+    return {**env, "rg_version": env.get("rg_version") or installed_version()}
 
 
 def pin_dataset(env: dict[str, Any], base_dir: Path) -> tuple[dict[str, Any], bytes]:
@@ -141,6 +158,14 @@ def check_task(spec: JobSpec, dataset: bytes | None, tokenizer: Any) -> TaskRepo
     """
     report = TaskReport()
     env = job_environment(spec, dataset)
+    if isinstance(env, ReasoningGymEnv):   # train and held-out prompts: every task of the mix draws rows
+        prompts = env.prompts(spec.seed, [*range(8), *heldout_indices(4)])
+        report.prompt_tokens = [len(render_prompt(tokenizer, p, spec.chat_template)) for p in prompts]
+        longest = max(report.prompt_tokens)
+        if longest > spec.max_prompt_tokens:
+            raise RGTaskError(f"max_prompt_tokens: a prompt of {spec.environment.label} renders to "  # type: ignore[union-attr]
+                              f"{longest} tokens, over max_prompt_tokens {spec.max_prompt_tokens}; raise it")
+        return report
     if not isinstance(env, DatasetEnv):
         prompts = env.prompts(spec.seed, range(3))
         report.prompt_tokens = [len(render_prompt(tokenizer, p, spec.chat_template)) for p in prompts]
@@ -160,9 +185,19 @@ def check_task(spec: JobSpec, dataset: bytes | None, tokenizer: Any) -> TaskRepo
 
 
 def reference_grades(env: Environment, prompts: list[PromptSpec]) -> list[float | None]:
-    """The weighted total each prompt's reference answer earns as a completion (in-process)."""
+    """The weighted total each prompt's reference answer earns as a completion (in-process); a
+    reasoning job's answer is written in its format (`reasoning_completion`)."""
     answers = [str(p.info.get("answer", "")) for p in prompts]
+    if isinstance(env, ReasoningGymEnv):
+        answers = [reasoning_completion(env.format, a) for a in answers]
     return [env.total(r) for r in env.rewards(prompts, answers)]
+
+
+def reasoning_completion(fmt: str, answer: str, thinking: str = " ... ") -> str:
+    """A completion that answers `answer` complete in reasoning format `fmt` (the prompt opened
+    the thinking span for think_answer)."""
+    close = "</think>" if fmt == "think_answer" else ""
+    return f"{thinking}{close} <answer>{answer}</answer>"
 
 
 def token_summary(counts: list[int]) -> str:
@@ -173,10 +208,13 @@ def token_summary(counts: list[int]) -> str:
 
 
 def grader_for(spec: JobSpec, timeout_s: float) -> Any:
-    """The job's grading pool: its installed environment's reward functions, or a data-set job's
-    built-in rewards (no environment or submitter code loaded)."""
+    """The job's grading pool: its installed environment's reward functions, a data-set job's
+    built-in rewards (no environment or submitter code loaded), or a reasoning-gym job's scorers."""
     from swarmrl.node.tasks.grading import GradingPool
 
     task = spec.dataset
     rewards = [r.model_dump(mode="json") for r in task.rewards] if task is not None else None
-    return GradingPool(spec.environment_id, spec.environment_version, timeout_s=timeout_s, rewards=rewards)
+    rg = spec.reasoning_gym
+    table = {"environment": rg.model_dump(mode="json"), "seed": spec.seed} if rg is not None else None
+    return GradingPool(spec.environment_id, spec.environment_version, timeout_s=timeout_s, rewards=rewards,
+                       task=table)

@@ -25,11 +25,42 @@ from swarmrl.node.inference.device import load_on_device
 from swarmrl.node.inference.scoring import completion_logprobs, shared_prompt_logprobs
 from swarmrl.node.models.causal_lm import lora_config, with_lora
 from swarmrl.protocol import adapter as ad
-from swarmrl.protocol.grpo import group_advantages, logprob_drift, policy_loss, staleness_histogram
+from swarmrl.protocol.grpo import (
+    LossNormalizer,
+    group_advantages,
+    logprob_drift,
+    policy_loss,
+    staleness_histogram,
+)
 from swarmrl.protocol.grpo.reduce import GradientReducer, LocalReduce
 from swarmrl.protocol.grpo.traces import model_mask_T
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
+
+MICRO_BATCH_TOKENS = 8192
+"""Decoder positions (prompt + completion tokens of whole groups) per forward/backward pass: a
+step of 64 reasoning completions of 1024 tokens runs in several passes whose activations fit in
+memory (Gemma 270M keeps ~0.4 MB a position for backward), with the same loss and gradients."""
+
+
+def micro_batches(batch: StepBatch, max_tokens: int) -> list[tuple[int, int]]:
+    """Row spans [lo, hi) of whole groups (rows sharing a prompt), each of at most `max_tokens`
+    prompt + completion tokens unless a single group is larger; in order, covering every row."""
+    spans: list[tuple[int, int]] = []
+    lo, used, i, rows = 0, 0, 0, len(batch.completion_ids)
+    while i < rows:
+        j = i
+        while j < rows and batch.prompt_ids[j] == batch.prompt_ids[i]:
+            j += 1
+        cost = len(batch.prompt_ids[i]) + sum(len(c) for c in batch.completion_ids[i:j])
+        if used and used + cost > max_tokens:
+            spans.append((lo, i))
+            lo, used = i, 0
+        used += cost
+        i = j
+    if rows:
+        spans.append((lo, rows))
+    return spans
 
 
 @dataclass
@@ -101,14 +132,17 @@ class Learner:
     """
 
     def __init__(self, model_path: Path, spec: JobSpec, *, share_prompts: bool = True, device: str = "cpu",
-                 token_budget: int | None = None) -> None:
+                 token_budget: int | None = None, micro_batch_tokens: int = MICRO_BATCH_TOKENS) -> None:
         """share_prompts: score a group's completions over one prefill of its prompt
         (`scoring.shared_prompt_logprobs`, the same log-probs and gradients for ~G x fewer prompt
         positions); False prefills every prompt + completion (the baseline, for benchmarks).
         device: where the model and the step run (`node.inference.device.resolve_device`); the
         adapter state it hands out is always on the CPU.
         token_budget: tokens a completion may hold (dr_grpo's constant; a multi-turn job's episode
-        `max_tokens`); default `sampling.max_new_tokens`."""
+        `max_tokens`); default `sampling.max_new_tokens`.
+        micro_batch_tokens: positions per forward/backward pass (`micro_batches`); a step's loss and
+        gradients are the same however it is split (`LossNormalizer`)."""
+        self.micro_batch_tokens = micro_batch_tokens
         self.spec = spec
         self.token_budget = token_budget or spec.sampling.max_new_tokens
         self._logprobs = shared_prompt_logprobs if share_prompts else completion_logprobs
@@ -154,25 +188,65 @@ class Learner:
                               temperature=self.spec.sampling.temperature, pad_id=self.pad_id)
 
     def compute_gradients(self, batch: StepBatch) -> tuple[float, dict[str, float]]:
-        """Forward/backward of the GRPO loss; leaves gradients in `self.params`. Returns (loss, metrics)."""
+        """Forward/backward of the GRPO loss; leaves gradients in `self.params`. Returns (loss, metrics).
+
+        A batch larger than `micro_batch_tokens` runs in several passes (whole groups each), each
+        loss normalised by the whole batch's counts, so the gradients accumulate to the one-pass
+        gradients; the metrics are computed once over the whole batch's log-probs."""
         self.optimizer.zero_grad(set_to_none=True)
         if not batch.completion_ids:
             return 0.0, {"tokens": 0.0}
-        logprobs_BT, mask_BT = self.completion_logprobs(batch)   # eval mode: LoRA dropout off (class doc)
-        device = logprobs_BT.device   # the batch's tensors are built on the CPU
-        old_BT, advantages_B = batch.old_logprobs_BT.to(device), batch.advantages_B.to(device)
-        mask_BT = mask_BT & batch.mask_BT.to(device)
+        spans = micro_batches(batch, self.micro_batch_tokens)
+        if len(spans) == 1:
+            return self._pass(batch, 0, len(batch.completion_ids), None)
+        normalizer = LossNormalizer.of(batch.mask_BT)
+        total, lp_rows = 0.0, []
+        for lo, hi in spans:
+            loss, _, lp_BT = self._pass_tensors(batch, lo, hi, normalizer)
+            total += loss
+            lp_rows.append(lp_BT)
+        width = batch.mask_BT.shape[1]
+        logprobs_BT = torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1])) for x in lp_rows])
+        mask_BT = batch.mask_BT.to(logprobs_BT.device)
+        old_BT, advantages_B = batch.old_logprobs_BT.to(mask_BT.device), batch.advantages_B.to(mask_BT.device)
         ref_BT = None
         if self.spec.loss.kl_beta > 0:
             with torch.no_grad(), self.model.disable_adapter():
                 ref_BT, _ = self.completion_logprobs(batch)
+        with torch.no_grad():
+            _, metrics = policy_loss(logprobs_BT, old_BT, advantages_B, mask_BT, self.spec.loss,
+                                     max_new_tokens=self.token_budget, ref_logprobs_BT=ref_BT)
+        metrics.update(logprob_drift(logprobs_BT, old_BT, mask_BT))
+        metrics["micro_batches"] = float(len(spans))
+        return total, metrics
+
+    def _pass(self, batch: StepBatch, lo: int, hi: int,
+              normalizer: LossNormalizer | None) -> tuple[float, dict[str, float]]:
+        loss, metrics, _ = self._pass_tensors(batch, lo, hi, normalizer)
+        return loss, metrics
+
+    def _pass_tensors(self, batch: StepBatch, lo: int, hi: int,
+                      normalizer: LossNormalizer | None) -> tuple[float, dict[str, float], torch.Tensor]:
+        """Forward/backward of rows [lo, hi) (gradients accumulate); (loss, metrics, detached log-probs)."""
+        prompts, completions = batch.prompt_ids[lo:hi], batch.completion_ids[lo:hi]
+        logprobs_BT, mask_BT = self._logprobs(self.model, prompts, completions,   # eval mode: no LoRA dropout
+                                              temperature=self.spec.sampling.temperature, pad_id=self.pad_id)
+        device, width = logprobs_BT.device, logprobs_BT.shape[1]   # the batch's tensors are built on the CPU
+        old_BT = batch.old_logprobs_BT[lo:hi, :width].to(device)
+        advantages_B = batch.advantages_B[lo:hi].to(device)
+        mask_BT = mask_BT & batch.mask_BT[lo:hi, :width].to(device)
+        ref_BT = None
+        if self.spec.loss.kl_beta > 0:
+            with torch.no_grad(), self.model.disable_adapter():
+                ref_BT, _ = self._logprobs(self.model, prompts, completions,
+                                           temperature=self.spec.sampling.temperature, pad_id=self.pad_id)
         loss, metrics = policy_loss(
             logprobs_BT, old_BT, advantages_B, mask_BT, self.spec.loss,
-            max_new_tokens=self.token_budget, ref_logprobs_BT=ref_BT,
+            max_new_tokens=self.token_budget, ref_logprobs_BT=ref_BT, normalizer=normalizer,
         )
         loss.backward()
         metrics.update(logprob_drift(logprobs_BT.detach(), old_BT, mask_BT))
-        return float(loss.detach()), metrics
+        return float(loss.detach()), metrics, logprobs_BT.detach()
 
     def grads(self) -> list[torch.Tensor]:
         """The gradients of the LoRA parameters in order (zeros where a parameter has none)."""

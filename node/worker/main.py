@@ -66,9 +66,19 @@ def servable(records: list[VerifiedRecord], shas: set[str]) -> list[VerifiedReco
 def cannot_run(spec: JobSpec, environments: list[str]) -> str:
     """Why this worker must skip a job's task ("" when it can run it): a data-set job runs only
     built-in rewards; an installed environment must be listed in the worker's config and
-    installed at the job's version (and package hash, when the job pins one)."""
+    installed at the job's version (and package hash, when the job pins one); a reasoning-gym
+    job needs the reasoning-gym release it pins."""
     if spec.dataset is not None:
         return ""
+    if spec.reasoning_gym is not None:
+        from swarmrl.protocol.envs.rg_env import RGTaskError, installed_version
+
+        try:
+            here = installed_version()
+        except RGTaskError as exc:
+            return str(exc)
+        pinned = spec.reasoning_gym.rg_version
+        return "" if not pinned or pinned == here else f"the job pins reasoning-gym {pinned}, this worker has {here}"
     if spec.environment not in environments:
         return f"environment {spec.environment!r} is not in this worker's environments {environments}"
     try:

@@ -162,15 +162,20 @@ def heldout_prompts(env: Environment, n: int, seed: int) -> list[PromptSpec]:
 
 
 def job_environment(spec: Any, dataset: bytes | None = None) -> Environment:
-    """The environment of a `JobSpec`: its data-set task over `dataset` (the file's bytes), or
-    the installed environment it names.
+    """The environment of a `JobSpec`: its data-set task over `dataset` (the file's bytes), its
+    reasoning-gym tasks, or the installed environment it names.
 
     Raises:
         ValueError: a data-set job without its bytes (or with other bytes), an environment that
-            is not installed here.
+            is not installed here, reasoning-gym tasks that can't be built (`RGTaskError`).
     """
     from swarmrl.protocol.envs.dataset import DatasetEnv
 
+    rg = getattr(spec, "reasoning_gym", None)
+    if rg is not None:
+        from swarmrl.protocol.envs.rg_env import ReasoningGymEnv
+
+        return ReasoningGymEnv(rg, spec.seed)
     task = spec.dataset
     if task is None:
         return get_environment(spec.environment, spec.env_version)

@@ -40,6 +40,9 @@ class PromptSpec:
     messages: tuple[tuple[str, str], ...] = ()
     """(role, content) chat turns of the same prompt, rendered with the tokenizer's chat template
     when the job asks for it; empty: one user turn holding `text`."""
+    response_prefix: str = ""
+    """The start of the model's reply that the prompt writes (a reasoning job's ``<think>``): a chat
+    prompt gets it after the template's generation prompt; a plain prompt's `text` already ends with it."""
 
 
 class Environment(ABC):

@@ -18,6 +18,8 @@ The variants agree with TRL 1.16's ``GRPOTrainer._compute_loss`` (see tests/unit
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from swarmrl.protocol.grpo.config import LossConfig
@@ -26,6 +28,27 @@ from swarmrl.protocol.grpo.metrics import effective_sample_size
 # Log importance ratios are clamped to [-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT] before exp (e^20 ~ 5e8): keeps a
 # wildly stale token finite; its gradient through the ratio is then zero, as if clipped.
 LOG_RATIO_LIMIT = 20.0
+
+
+@dataclass(frozen=True)
+class LossNormalizer:
+    """The whole batch's denominators, for a loss computed one micro-batch at a time.
+
+    tokens: masked tokens in the whole batch (dapo, cispo divide by it).
+    completions: completions with at least one masked token in the whole batch (grpo, gspo and
+        dr_grpo divide by it).
+    With these, the micro-batches' losses (and gradients) sum to the whole batch's: each variant's
+    per-token or per-sequence terms are linear, only the denominators are global.
+    """
+
+    tokens: float
+    completions: float
+
+    @classmethod
+    def of(cls, mask_BT: torch.Tensor) -> LossNormalizer:
+        """The denominators of a whole batch's (B, T) mask."""
+        tokens_B = (mask_BT != 0).sum(-1)
+        return cls(float(tokens_B.sum()), float((tokens_B > 0).sum()))
 
 
 def policy_loss(
@@ -37,6 +60,7 @@ def policy_loss(
     *,
     max_new_tokens: int,
     ref_logprobs_BT: torch.Tensor | None = None,
+    normalizer: LossNormalizer | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss of a batch of B completions, to minimise.
 
@@ -69,6 +93,9 @@ def policy_loss(
       - ``dr_grpo``: sum of all l_t / (K * number of completions), K = ``cfg.loss_constant`` or
         ``max_new_tokens``.
     If no token is masked in, the loss is 0.0 with a gradient path to ``logprobs_BT`` (a zero gradient).
+    With ``normalizer`` (a micro-batch of a larger batch) the token and completion counts are the
+    whole batch's, so the micro-batches' losses sum to the whole batch's loss (metrics stay the
+    micro-batch's own).
 
     Args:
         logprobs_BT: (B, T) float log-probs of the sampled tokens under the current policy, WITH grad.
@@ -82,6 +109,8 @@ def policy_loss(
         max_new_tokens: the job's completion length limit (the dr_grpo constant when cfg.loss_constant is
             None). >= 1.
         ref_logprobs_BT: (B, T) reference (base) model log-probs; required when cfg.kl_beta > 0; detached.
+        normalizer: the whole batch's denominators (`LossNormalizer.of` its mask) when this call is
+            one micro-batch of it; None: this batch's own.
 
     Returns:
         ``(loss, metrics)``: a 0-d tensor, and python floats:
@@ -118,7 +147,7 @@ def policy_loss(
         kl_BT = _k3(torch.where(keep_BT, ref_logprobs_BT.detach().to(dtype), 0.0) - lp_BT)
         if cfg.kl_beta > 0.0:
             per_token_BT = per_token_BT + cfg.kl_beta * kl_BT
-    loss = _aggregate(per_token_BT, maskf_BT, cfg, max_new_tokens)
+    loss = _aggregate(per_token_BT, maskf_BT, cfg, max_new_tokens, normalizer)
     metrics = _metrics(lp_BT, behaviour_BT, ratio_Bx, adv_B1, keep_BT, cfg, kl_BT)
     return loss, metrics
 
@@ -153,18 +182,24 @@ def _k3(log_ref_over_policy_BT: torch.Tensor) -> torch.Tensor:
 
 
 def _aggregate(
-    per_token_BT: torch.Tensor, maskf_BT: torch.Tensor, cfg: LossConfig, max_new_tokens: int
+    per_token_BT: torch.Tensor, maskf_BT: torch.Tensor, cfg: LossConfig, max_new_tokens: int,
+    normalizer: LossNormalizer | None = None,
 ) -> torch.Tensor:
-    """Normalise the masked per-token losses as the variant prescribes; empty completions count nowhere."""
+    """Normalise the masked per-token losses as the variant prescribes; empty completions count nowhere.
+    The denominators are the batch's own, or `normalizer`'s (the whole batch of a micro-batch)."""
     tokens_B = maskf_BT.sum(-1)
-    completions = (tokens_B > 0).sum().clamp(min=1)
+    if normalizer is None:
+        completions: torch.Tensor | float = (tokens_B > 0).sum().clamp(min=1)
+        tokens: torch.Tensor | float = tokens_B.sum().clamp(min=1.0)
+    else:
+        completions, tokens = max(normalizer.completions, 1.0), max(normalizer.tokens, 1.0)
     masked_BT = per_token_BT * maskf_BT
     if cfg.variant in ("grpo", "gspo"):
         return (masked_BT.sum(-1) / tokens_B.clamp(min=1.0)).sum() / completions
     if cfg.variant == "dr_grpo":
         constant = cfg.loss_constant if cfg.loss_constant is not None else max_new_tokens
         return masked_BT.sum() / (constant * completions)
-    return masked_BT.sum() / tokens_B.sum().clamp(min=1.0)
+    return masked_BT.sum() / tokens
 
 
 @torch.no_grad()

@@ -197,3 +197,4 @@ def test_light_name_tables_match_the_heavy_ones():
     assert set(cfgmod.BASE_MODEL_NAMES) == set(model_recipes.ALIASES)
     assert cfgmod.RED_TEAM_MODES == red_team.MODES
     assert cli_checks.GEMMA_PACKAGE == model_recipes.GEMMA_PACKAGE
+    assert {k: v[0] for k, v in cli_checks.MODEL_PACKAGES.items()} == model_recipes.PACKAGES
