@@ -27,6 +27,20 @@ for pkg in nftables:nft ethtool:ethtool; do
 done
 if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null && command -v ip >/dev/null \
    && unshare -n true 2>/dev/null; then
+  # vLLM's environment (.venv-vllm, 3.4 GB) is made only when a selected test needs it (marker
+  # needs_vllm): a collection pass counts them, and the install runs here, where the registry is
+  # reachable; inside the namespace those tests skip, saying why, if it could not be made.
+  if [ "${SWARMRL_VLLM_ENV:-}" != skip ] && ! compgen -G '.venv-vllm/lib/python*/site-packages/vllm/__init__.py' >/dev/null; then
+    need=$(mktemp)
+    SWARMRL_VLLM_NEED_FILE=$need "$py" -m pytest -q --collect-only -p no:cacheprovider "$@" >/dev/null 2>&1 || true
+    if [ "$(cat "$need" 2>/dev/null || echo 0)" -gt 0 ]; then
+      echo "run_tests.sh: $(cat "$need") selected tests need vLLM: making .venv-vllm (~2 min, once)" >&2
+      PYTHON=${PYTHON:-python3} bash scripts/vllm_env.sh \
+        || echo "run_tests.sh: vLLM's environment could not be made; its tests will skip" >&2
+    fi
+    rm -f "$need"
+  fi
+  export SWARMRL_TEST_NETNS=private
   exec unshare -n sh -c 'ip link set lo up && exec "$@"' sh "$py" -m pytest -q "$@"
 fi
 exec "$py" -m pytest -q "$@"

@@ -97,12 +97,62 @@ _soak: KeepaliveSoak | None = None
 @pytest.hookimpl(trylast=True)   # after -m / -k / --deselect have removed what won't run
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     global _soak
+    _make_vllm_env_if_needed(config, items)
     soaks = [i for i in items if i.get_closest_marker("keepalive_soak")]
     if not soaks or config.option.collectonly:
         return
     items[:] = [i for i in items if i not in soaks] + soaks
     if _soak is None:
         _soak = KeepaliveSoak(SOAK_S)
+
+
+# ---- vLLM's environment (issue 28): made only when a test that will run needs it
+# Tests marked `needs_vllm` run vLLM's server from .venv-vllm (3.4 GB, ~2 min to make, once). It is
+# made only once -m / -k have chosen what runs, so `-m "not slow"` (which runs none of them) never
+# pays for it; where it can't be made they skip, saying why. scripts/run_tests.sh runs the suite in a
+# private network namespace (only loopback up) where pip can't reach the registry, so it first asks
+# a collection pass (SWARMRL_VLLM_NEED_FILE) whether any selected test needs vLLM and makes the
+# environment outside; `pytest` run directly makes it here. SWARMRL_VLLM_ENV=skip never makes it.
+
+
+def _make_vllm_env_if_needed(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from swarmrl.node.inference.vllm_server import vllm_python
+
+    needing = [i for i in items if i.get_closest_marker("needs_vllm")]
+    if config.option.collectonly:
+        if need_file := os.environ.get("SWARMRL_VLLM_NEED_FILE"):
+            Path(need_file).write_text(str(len(needing)))
+        return
+    if not needing or vllm_python() is not None:
+        return
+    reason = _make_vllm_env(len(needing))
+    for item in needing if reason else ():
+        item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _make_vllm_env(n_tests: int) -> str | None:
+    """Run scripts/vllm_env.sh; None once .venv-vllm serves, else why the tests skip."""
+    from swarmrl.node.inference.vllm_server import vllm_python
+
+    absent = "vLLM's environment (.venv-vllm) is absent"
+    if os.environ.get("SWARMRL_VLLM_ENV") == "skip":
+        return f"{absent} and SWARMRL_VLLM_ENV=skip"
+    if os.environ.get("SWARMRL_TEST_NETNS") == "private":
+        return f"{absent}: scripts/run_tests.sh could not make it (its output says why)"
+    root = Path(__file__).resolve().parent.parent
+    log = root / ".cache" / "vllm_env.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.write(f"\nconftest: making .venv-vllm (~2 min, once) for the {n_tests} tests that need it; log: {log}\n")
+    with open(log, "wb") as out:
+        try:
+            code = subprocess.run(["bash", str(root / "scripts" / "vllm_env.sh")], check=False, cwd=root, stdout=out,
+                                  stderr=subprocess.STDOUT, timeout=1800).returncode
+        except subprocess.TimeoutExpired:
+            code = -1
+    if code == 0 and vllm_python() is not None:
+        return None
+    tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+    return f"{absent} and could not be made (scripts/vllm_env.sh exit {code}: {tail[0][:200]})"
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -7,6 +7,10 @@ state, and takes its children with it:
 - once serving, a signal sets the stop event and the main loop winds down;
 - either way a watchdog, armed by the signal (seen even while the main thread is stuck in C),
   ends the children and exits hard when the grace period runs out; a second signal does so at once;
+- behind it a backstop that needs no Python thread (faulthandler's C watchdog, armed with it): if
+  the process still runs `BACKSTOP_S` later (a C call holding the GIL at shutdown, e.g. a native
+  library's teardown), it writes every thread's stack to stderr and exits (1); the children that
+  carry a parent-death signal (the DHT process, vLLM's server) follow;
 - when the interpreter exits (normally or on an error), the DHT is shut down (`join_swarm`
   registers that) and every remaining descendant (DHT process, p2pd, torch_shm_manager, grading interpreters) is ended.
 """
@@ -14,6 +18,7 @@ state, and takes its children with it:
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import fcntl
 import json
 import logging
@@ -36,6 +41,12 @@ SHUTDOWN_GRACE_S = 6.0
 """Seconds from the first SIGTERM / SIGINT to a hard exit if the clean shutdown has not finished."""
 CHILD_GRACE_S = 1.0
 """Seconds a child gets between SIGTERM and SIGKILL when the role ends its children."""
+HARD_EXIT_CHILD_GRACE_S = 0.5
+"""The same, when the watchdog exits hard (up to three rounds: children's children are adopted)."""
+BACKSTOP_S = 3.0
+"""Seconds after the watchdog's deadline at which the GIL-free backstop ends the process."""
+EXIT_BOUND_S = SHUTDOWN_GRACE_S + BACKSTOP_S
+"""The longest a role runs after its first SIGTERM / SIGINT, whatever it is doing (seconds)."""
 DIE_WITH_PARENT = "SWARMRL_DIE_WITH_PARENT"
 """Environment variable: the pid of a parent (`swarmrl up`) whose death should stop this role."""
 
@@ -148,13 +159,14 @@ def _arm_watchdog(code: int) -> None:
             _life.watchdog = threading.Timer(SHUTDOWN_GRACE_S, _hard_exit, (code, "shutdown took too long"))
             _life.watchdog.daemon = True
             _life.watchdog.start()
+            faulthandler.dump_traceback_later(EXIT_BOUND_S, exit=True)   # the backstop: a C thread, no GIL
     finally:
         _life.guard.release()
 
 
 def _hard_exit(code: int, why: str) -> None:
     os.write(2, f"{why}: ending child processes and exiting ({code})\n".encode())
-    procs.end_descendants(grace_s=0.5)
+    procs.end_descendants(grace_s=HARD_EXIT_CHILD_GRACE_S)
     os._exit(code)
 
 

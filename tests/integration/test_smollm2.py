@@ -18,7 +18,6 @@ import torch
 
 from swarmrl.node.inference import Sampling, build_backend
 from swarmrl.node.inference.scoring import completion_logprobs
-from swarmrl.node.inference.vllm_server import vllm_python
 from swarmrl.node.models.base_model import MANIFEST, default_cache_dir, find_base_model
 from swarmrl.node.models.causal_lm import lora_config, render_prompt
 from swarmrl.node.models.recipes import SMOLLM2
@@ -117,7 +116,7 @@ def test_exported_adapter_loads_in_peft(hf, spec_env, smol_dir, tmp_path):
     assert int(got.argmax()) == int(want.argmax())
 
 
-@pytest.mark.skipif(vllm_python() is None, reason="vLLM's environment (.venv-vllm) is absent: run scripts/vllm_env.sh")
+@pytest.mark.needs_vllm
 def test_vllm_serves_the_adapter_with_the_scorers_logprobs(hf, spec_env, smol_dir, tmp_path):
     from swarmrl.node.inference.vllm_start import start_vllm_backend
 

@@ -19,7 +19,7 @@ from swarmrl.node.inference.hf import HFBackend
 from swarmrl.node.inference.scoring import completion_logprobs
 from swarmrl.node.inference.stops import first_stop
 from swarmrl.node.inference.vllm import VLLMBackend
-from swarmrl.node.inference.vllm_server import ServerSpec, VLLMServer, VLLMServerError, vllm_python
+from swarmrl.node.inference.vllm_server import ServerSpec, VLLMServer, VLLMServerError
 from swarmrl.node.inference.vllm_start import start_vllm_backend
 from swarmrl.node.inference.vllm_tiny import build_tiny_vllm_model
 from swarmrl.node.models.causal_lm import encode_prompt, load_causal_lm, lora_config
@@ -33,7 +33,7 @@ from swarmrl.validator.episodes import replay_episode
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.slow,
-    pytest.mark.skipif(vllm_python() is None, reason="vLLM's environment (.venv-vllm) is absent: run scripts/vllm_env.sh"),
+    pytest.mark.needs_vllm,
     pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning"),
 ]
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -16,7 +16,6 @@ import torch
 
 from swarmrl.node.inference import Sampling
 from swarmrl.node.inference.base import BackendError
-from swarmrl.node.inference.vllm_server import vllm_python
 from swarmrl.node.inference.vllm_start import start_vllm_backend
 from swarmrl.node.inference.vllm_tiny import build_tiny_vllm_model
 from swarmrl.node.models.causal_lm import encode_prompt, lora_config
@@ -25,7 +24,7 @@ from swarmrl.node.worker.engine import with_recovery
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.slow,
-    pytest.mark.skipif(vllm_python() is None, reason="vLLM's environment (.venv-vllm) is absent: run scripts/vllm_env.sh"),
+    pytest.mark.needs_vllm,
     pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning"),
 ]
 PROMPTS = ["Question: What is 3+4?\nAnswer:", "What is 12+7?", "1+1="]

@@ -18,7 +18,6 @@ import sys
 
 import pytest
 
-from swarmrl.node.inference.vllm_server import vllm_python
 from swarmrl.node.inference.vllm_tiny import build_tiny_vllm_model
 from swarmrl.node.worker.red_team import MODES
 
@@ -26,7 +25,7 @@ pytestmark = [
     pytest.mark.integration, pytest.mark.slow,
     pytest.mark.skipif(os.environ.get("SWARMRL_VLLM_DRILL") != "1",
                        reason="~15 min: set SWARMRL_VLLM_DRILL=1 to run the red-team drill with vLLM workers"),
-    pytest.mark.skipif(vllm_python() is None, reason="vLLM's environment (.venv-vllm) is absent: run scripts/vllm_env.sh"),
+    pytest.mark.needs_vllm,
 ]
 STEPS = 8
 JOB = ["group_size=4", "batch_groups=4", "learning_rate=0.001", "lora.rank=8", "lora.alpha=16", "lease_ttl_s=60"]
