@@ -66,6 +66,7 @@ class _Lifecycle:
         self.signals = 0
         self.lock_fds: list[int] = []
         self.watchdog: threading.Timer | None = None
+        self.backstop_armed = False
         self.guard = threading.Lock()
 
 
@@ -123,8 +124,8 @@ def _stop_when_parent_dies() -> None:
 def _on_signal(signum: int, _frame: FrameType | None) -> None:
     """The Python-level handler (main thread): stop, or abort start-up; a second signal: exit now."""
     _life.signals += 1
-    _life.stop.set()
     _arm_watchdog(128 + signum)
+    _life.stop.set()
     if _life.signals > 1:
         _hard_exit(128 + signum, "second signal")
     if not (_life.serving or _life.exiting):
@@ -152,6 +153,9 @@ def _exiting() -> None:
 
 
 def _arm_watchdog(code: int) -> None:
+    if not _life.backstop_armed:   # outside the guard: the thread holding it may never run again
+        faulthandler.dump_traceback_later(EXIT_BOUND_S, exit=True)   # the backstop: a C thread, no GIL
+        _life.backstop_armed = True   # after the call: two callers at once only re-arm it a moment later
     if not _life.guard.acquire(blocking=False):  # being armed right now (perhaps by the code a signal interrupted)
         return
     try:
@@ -159,7 +163,6 @@ def _arm_watchdog(code: int) -> None:
             _life.watchdog = threading.Timer(SHUTDOWN_GRACE_S, _hard_exit, (code, "shutdown took too long"))
             _life.watchdog.daemon = True
             _life.watchdog.start()
-            faulthandler.dump_traceback_later(EXIT_BOUND_S, exit=True)   # the backstop: a C thread, no GIL
     finally:
         _life.guard.release()
 
