@@ -19,13 +19,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from swarmrl.node.runtime.lifecycle import DIE_WITH_PARENT
+from swarmrl.node.runtime.lifecycle import DIE_WITH_PARENT, EXIT_BOUND_S
 
 SignalHandler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
 """What `signal.signal` takes and returns: a function of (signal number, frame), SIG_IGN or SIG_DFL."""
 
-STOP_S = 15.0
-"""Seconds the roles get to exit after SIGTERM before their process groups are killed."""
+STOP_S = EXIT_BOUND_S + 1.0
+"""Seconds the roles get to exit after SIGTERM before their process groups are killed: each role
+bounds its own exit at EXIT_BOUND_S, so waiting longer would only delay the kill."""
 
 
 class SwarmFailed(RuntimeError):
@@ -95,7 +96,7 @@ class LocalSwarm:
         return self._stop([name], timeout_s)[name]
 
     def stop_all(self, timeout_s: float = STOP_S) -> None:
-        """Stop every role at once (each exits within ~10 s of SIGTERM); a second Ctrl-C can't
+        """Stop every role at once (each exits within EXIT_BOUND_S of SIGTERM); a second Ctrl-C can't
         interrupt this and leave processes behind."""
         with signal_handler(signal.SIGINT, signal.SIG_IGN):
             self._stop(list(self.procs), timeout_s)
