@@ -74,7 +74,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaults
     """Shows "(default: X)" after every option that has a meaningful default."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False, [], "") or "default" in (action.help or ""):
+        if action.default in (None, False, [], "", b"") or "default" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
 
@@ -136,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="job TOML: base_model (default tiny) and any JobSpec field overriding the built-in job")
     s.add_argument("--trainer", required=True, type=endpoint, metavar="HOST:PORT", help="the trainer's gRPC endpoint")
     s.add_argument("--tls-sha256", type=sha256_hex, default=b"", metavar="HEX",
-                   help="the trainer serves TLS: pin its certificate (tls_sha256 in its ready file)")
+                   help="the trainer serves TLS: pin its certificate (tls_sha256 in its ready file); without it, plaintext")
     s.add_argument("--key", type=Path, default=Path("keys/submitter.key"),
                    help="the submitter's key file (created if missing)")
     s.add_argument("--cache-dir", type=Path, help="base model cache (default: $SWARMRL_CACHE or ~/.cache/swarmrl)")
@@ -145,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--trainer", required=True, type=endpoint, metavar="HOST:PORT",
                     help="the gRPC endpoint of a trainer of the job")
     st.add_argument("--tls-sha256", type=sha256_hex, default=b"", metavar="HEX",
-                    help="the trainer serves TLS: pin its certificate (tls_sha256 in its ready file)")
+                    help="the trainer serves TLS: pin its certificate (tls_sha256 in its ready file); without it, plaintext")
     st.add_argument("--history", type=int_at_least(0), default=10, help="recent steps to show")
     st.add_argument("--json", action="store_true", help="print the raw status as JSON (hashes in hex)")
     f = _add(sub, "fetch", "download a job's adapter in PEFT format")
@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--trainer", required=True, type=endpoint, metavar="HOST:PORT",
                    help="the gRPC endpoint of a trainer of the job")
     f.add_argument("--tls-sha256", type=sha256_hex, default=b"", metavar="HEX",
-                   help="the trainer serves TLS: pin its certificate (tls_sha256 in its ready file)")
+                   help="the trainer serves TLS: pin its certificate (tls_sha256 in its ready file); without it, plaintext")
     f.add_argument("--out", type=Path, required=True, help="folder to write the adapter into (created)")
     f.add_argument("--cache-dir", type=Path, help="base model cache (default: $SWARMRL_CACHE or ~/.cache/swarmrl)")
     _up_parser(sub)

@@ -142,8 +142,15 @@ def test_every_option_has_help_and_shows_its_default():
         assert "exit codes:" in text, parser.prog
         for action in parser._actions:
             assert action.help, f"{parser.prog} {action.option_strings or action.dest} has no help"
-            if action.option_strings and action.default not in (None, False, [], "", argparse.SUPPRESS):
+            if action.option_strings and action.default not in (None, False, [], "", b"", argparse.SUPPRESS):
                 assert "default" in cli._Formatter(parser.prog)._get_help_string(action), (parser.prog, action.dest)
+
+
+def test_no_help_shows_a_python_literal_as_a_default():
+    """`swarmrl submit --help` showed `--tls-sha256 ... (default: b'')` (issue 28)."""
+    for parser in _walk(cli.build_parser()):
+        text = parser.format_help()
+        assert "b''" not in text and "(default: None)" not in text, parser.prog
 
 
 def test_up_flag_and_job_override_combine_by_the_documented_rule():
