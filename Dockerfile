@@ -8,11 +8,24 @@
 #
 # TORCH_INDEX: where pip finds torch 2.13.0. The default, PyTorch's CPU index, keeps the image
 # small; pass --build-arg TORCH_INDEX=https://pypi.org/simple for the CUDA build on a GPU host.
-FROM python:3.11-slim
+# BASE: any image with Python 3.11 and its venv module (python:3.11-slim by default; Debian
+# bookworm's python3 + python3-venv too: scripts/container_check.sh builds on one made by debootstrap).
+# WHEELS: a folder of wheels mounted into the build (e.g. a local torch wheel), if any; CA_CERT: a CA
+# bundle mounted into the build, for a network whose TLS is re-signed by a local authority.
+ARG BASE=python:3.11-slim
+FROM ${BASE}
 
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
-ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 SWARMRL_CACHE=/data/cache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+ARG WHEELS=
+ARG CA_CERT=
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 SWARMRL_CACHE=/data/cache HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+    PATH=/opt/venv/bin:$PATH
 
+# gcc (and Python's headers where the base lacks them): reasoning-gym's pycosat builds from its sdist
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && { [ -f "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')/Python.h" ] \
+         || apt-get install -y --no-install-recommends python3-dev; } \
+    && rm -rf /var/lib/apt/lists/*
 RUN useradd --create-home --uid 10001 swarmrl && mkdir -p /data /app && chown swarmrl /data
 WORKDIR /app
 COPY pyproject.toml README.md ./
@@ -21,7 +34,9 @@ COPY node ./node
 COPY protocol ./protocol
 COPY validator ./validator
 COPY simulations ./simulations
-RUN pip install --extra-index-url "$TORCH_INDEX" .
+RUN python3 -m venv /opt/venv \
+    && { [ -z "$CA_CERT" ] || export PIP_CERT="$CA_CERT"; } && { [ -z "$WHEELS" ] || export PIP_FIND_LINKS="$WHEELS"; } \
+    && pip install --extra-index-url "$TORCH_INDEX" .
 
 USER swarmrl
 VOLUME /data
