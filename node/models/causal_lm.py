@@ -64,12 +64,21 @@ def _install_contiguous_hook(model: PreTrainedModel) -> None:
     head.register_forward_pre_hook(_contiguous_input)
 
 
+def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Text from a data set, an environment reply or a model turn as token ids: no special token
+    added, and none read from the text (`split_special_tokens`), so a row or a reply that spells
+    `<end_of_turn>` or `<|im_end|>` is encoded as those characters, never as the control token,
+    and cannot forge a turn boundary. Text without such a spelling gets the ids it always had."""
+    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True).input_ids)
+
+
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    """The one way prompt text becomes token ids: BOS (if the tokenizer has one) exactly once.
+    """The one way plain prompt text becomes token ids: BOS (if the tokenizer has one) exactly
+    once, then the text as `encode_text` encodes it (no control token read from the text).
 
     Used by workers (generation) and validators (recomputation), so both get the same ids.
     """
-    return _with_bos(tokenizer, list(tokenizer(text, add_special_tokens=False).input_ids))
+    return _with_bos(tokenizer, encode_text(tokenizer, text))
 
 
 def _with_bos(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> list[int]:
@@ -85,9 +94,13 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Any, chat_template
     """The one way a prompt becomes token ids, for workers, trainers and validators alike.
 
     Plain: `encode_prompt(tokenizer, prompt.text)`. Chat: `prompt.messages` (or one user turn
-    holding `prompt.text`) through the tokenizer's chat template with the generation prompt and
-    `prompt.response_prefix` after it, then tokenized without adding special tokens (the template
-    writes BOS where the model wants it).
+    holding `prompt.text`) through the tokenizer's chat template with the generation prompt,
+    tokenized without adding special tokens (the template writes BOS where the model wants it)
+    and with transformers' `sanitize_control_tokens`: a control token spelled inside a message
+    (a data-set row, a few-shot answer, an environment's text) is encoded as plain text; only the
+    template's own markup is encoded as control tokens (a message without such a spelling gets
+    the ids it always had). Then `prompt.response_prefix`, the job's own markup (`<think>`),
+    encoded as the template's text is (`_encode_continuation`).
 
     Raises:
         ValueError: a chat job on a tokenizer without a chat template.
@@ -97,10 +110,19 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, prompt: Any, chat_template
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("the job renders prompts with the chat template, but this model's tokenizer has none")
     turns = getattr(prompt, "messages", ()) or (("user", prompt.text),)
-    text = tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in turns],
-                                         add_generation_prompt=True, tokenize=False)
+    ids = tokenizer.apply_chat_template([{"role": r, "content": c} for r, c in turns], add_generation_prompt=True,
+                                        tokenize=True, sanitize_control_tokens=True, return_dict=False)
     prefix = str(getattr(prompt, "response_prefix", ""))   # the reply's opening the prompt writes (<think>)
-    return list(tokenizer(str(text) + prefix, add_special_tokens=False).input_ids)
+    return [int(i) for i in cast(list[int], ids)] + (_encode_continuation(tokenizer, prefix) if prefix else [])
+
+
+def _encode_continuation(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    """Ids of `text` as it reads after the template's text: encoded after a newline that is then
+    dropped, so a SentencePiece tokenizer adds no prefix space (transformers' `encode_marked_chat`
+    encodes its pieces the same way)."""
+    newline = list(tokenizer("\n", add_special_tokens=False).input_ids)
+    ids = list(tokenizer("\n" + text, add_special_tokens=False).input_ids)
+    return ids[len(newline):] if ids[:len(newline)] == newline else list(tokenizer(text, add_special_tokens=False).input_ids)
 
 
 def render_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[Any], chat_template: bool = False) -> list[list[int]]:
@@ -113,6 +135,7 @@ def render_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[Any], chat_
         return [render_prompt(tokenizer, p, chat_template) for p in prompts]
     backend.no_padding()      # what the wrapper sets for an unpadded call (it sets them per call)
     backend.no_truncation()
+    backend.encode_special_tokens = True   # what `encode_text`'s split_special_tokens sets
     return [_with_bos(tokenizer, backend.encode(p.text, add_special_tokens=False).ids) for p in prompts]
 
 

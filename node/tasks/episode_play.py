@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from swarmrl.node.inference.base import SampledCompletion, Sampling
+from swarmrl.node.models.causal_lm import encode_text
 from swarmrl.protocol.envs.base import Environment, PromptSpec
 from swarmrl.protocol.envs.episode import EpisodeEnv, EpisodeSpec, Reply
 from swarmrl.protocol.envs.trace import Trace, model_spans
@@ -33,8 +34,10 @@ REPLY_TIMEOUT_S = 5.0
 
 
 def encode_observation(tokenizer: Any, text: str) -> list[int]:
-    """An environment reply's token ids: the text tokenized alone, without special tokens."""
-    return list(tokenizer(text, add_special_tokens=False).input_ids)
+    """An environment reply's (or a scripted turn's) token ids: the text tokenized alone, no
+    special token added and none read from it (`encode_text`: a reply that spells
+    `<end_of_turn>` is those characters, not the control token)."""
+    return encode_text(tokenizer, text)
 
 
 def safe_reply(env: EpisodeEnv, spec: PromptSpec, turns: Sequence[str], timeout_s: float = REPLY_TIMEOUT_S) -> Reply:

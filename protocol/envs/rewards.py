@@ -9,9 +9,9 @@ bad parameter, a regex that does not compile, a JSON schema that is not one) and
 
 | name | params | value per completion |
 |---|---|---|
-| `math_verify` | - | 1.0 when `math_verify.verify(parse(answer), parse(completion))`, else 0.0 |
-| `exact_match` | lowercase, strip_punctuation, collapse_whitespace (all true), first_line (false) | 1.0 when normalised texts are equal |
-| `numeric` | tolerance (0.0, absolute), rel_tolerance (0.0), pick ("last" or "first") | 1.0 when the picked number is within tolerance of the answer |
+| `math_verify` | - | 1.0 when math-verify finds the final answer equal to the whole reference (`protocol.envs.math_answer`), else 0.0 |
+| `exact_match` | lowercase, strip_punctuation, collapse_whitespace (all true), first_line (false) | 1.0 when normalised texts are equal (a number's sign and decimal point are kept) |
+| `numeric` | tolerance (0.0, absolute), rel_tolerance (0.0), pick ("last" or "first") | 1.0 when the picked number (not an operand of an expression) is within tolerance of the answer |
 | `regex_format` | pattern (required), fullmatch (false), ignore_case (false) | 1.0 when the pattern matches (`re.search`, or `re.fullmatch`) |
 | `json_schema` | schema (required, a JSON-schema object) | 1.0 when the completion (code fences stripped) is JSON valid under the schema |
 | `length_penalty` | max_chars (required, >= 1) | 0.0 up to max_chars, then -(len - max_chars) / max_chars, floored at -1.0 |
@@ -34,7 +34,12 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|-?\.\d+")
+from swarmrl.protocol.envs.math_answer import math_verify_reward
+
+_UNSIGNED = r"(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?"
+_NUMBER = re.compile(rf"(?<![\w.])[-+]?{_UNSIGNED}")
+_EXPRESSION = re.compile(rf"\(?[-+]?{_UNSIGNED}\)?(?:\s*[-+*/^×÷]\s*\(?[-+]?{_UNSIGNED}\)?)+")
+_NUMBER_WORD = re.compile(r"(?<![\d.])[-+]?\d+(?:[.,:/\-]\d+)*")
 _FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 _PUNCT = str.maketrans("", "", string.punctuation)
 
@@ -79,36 +84,27 @@ def _answers(completions: Sequence[str], answer: Sequence[Any] | None) -> list[s
     return [str(a) for a in answer]
 
 
-def math_verify_reward(prompts: list[str], completions: list[str], answer: Sequence[Any] | None = None,
-                       **kwargs: Any) -> list[float | None]:
-    """1.0 when math-verify judges the completion's final answer equal to the reference, else 0.0."""
-    import logging
-    import threading
-
-    from math_verify import parse, verify
-
-    # math-verify times out with SIGALRM, which only the main thread may use (the grading pool's
-    # subprocess calls from its main thread; the pool's own timeout bounds every call anyway).
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    logging.getLogger("math_verify").setLevel(logging.ERROR)
-    out: list[float | None] = []
-    for completion, gold in zip(completions, _answers(completions, answer), strict=True):
-        gold_parsed = parse(gold, parsing_timeout=timeout) or parse(f"${gold}$", parsing_timeout=timeout)
-        pred = parse(completion, parsing_timeout=timeout)
-        out.append(1.0 if gold_parsed and pred and verify(gold_parsed, pred, timeout_seconds=timeout) else 0.0)
-    return out
+def strip_punctuation_outside_numbers(text: str) -> str:
+    """`text` without punctuation, except inside numbers: a leading sign and the marks between
+    digits (`-3`, `1.0`, `1,000`, `3/4`, `2-3`, `12:30`) stay, so `-3` is not `3` nor `1.0` `10`."""
+    parts, pos = [], 0
+    for m in _NUMBER_WORD.finditer(text):
+        parts += [text[pos:m.start()].translate(_PUNCT), m.group()]
+        pos = m.end()
+    return "".join(parts) + text[pos:].translate(_PUNCT)
 
 
 def normalize_text(text: str, *, lowercase: bool = True, strip_punctuation: bool = True,
                    collapse_whitespace: bool = True, first_line: bool = False) -> str:
     """The text `exact_match` compares: first line only (optional), lowercased, punctuation
-    removed, runs of whitespace collapsed, stripped."""
+    removed outside numbers (`strip_punctuation_outside_numbers`), runs of whitespace collapsed,
+    stripped."""
     if first_line:
         text = text.strip().split("\n", 1)[0]
     if lowercase:
         text = text.lower()
     if strip_punctuation:
-        text = text.translate(_PUNCT)
+        text = strip_punctuation_outside_numbers(text)
     if collapse_whitespace:
         text = " ".join(text.split())
     return text.strip()
@@ -125,8 +121,10 @@ def exact_match_reward(prompts: list[str], completions: list[str], answer: Seque
 
 
 def parse_number(text: str, pick: str = "last") -> float | None:
-    """The first or last number written in `text` ("1,234.5" -> 1234.5), or None."""
-    found = _NUMBER.findall(text)
+    """The first or last number written in `text` ("1,234.5" -> 1234.5, "x = -3" -> -3.0), or
+    None. Operands of an arithmetic expression are not numbers of the text: `4-5` is neither -5
+    nor 5, and `4-5=-1` reads -1. Thousands separators must group by three (`2,5` is 2 then 5)."""
+    found = _NUMBER.findall(_EXPRESSION.sub(" ", text))
     if not found:
         return None
     try:

@@ -25,6 +25,39 @@ def test_math_verify_equivalent_forms() -> None:
     assert f(P * 5, comps, answer=golds) == [1.0, 1.0, 1.0, 0.0, 0.0]
 
 
+MATH_CASES = [   # (gold, completion, reward): the issue's inputs and their neighbours, checked by hand
+    ("2, 5", "5", 0.0),                          # issue 25: a partial answer to a non-LaTeX gold set
+    ("2, 5", "2, 5", 1.0),
+    ("2, 5", "5, 2", 1.0),                       # a set: order-free
+    ("2, 5", "The answer is 2 and 5.", 1.0),
+    ("2, 5", "\\boxed{5}", 0.0),
+    ("2, 5", "\\boxed{2, 5}", 1.0),
+    ("$2, 5$", "5", 0.0),                        # the LaTeX gold, as before
+    ("$2, 5$", "2, 5", 1.0),
+    ("{2, 5}", "5", 0.0),
+    ("2 and 5", "5", 0.0),
+    ("x=2, x=5", "x = 2 or x = 5", 1.0),
+    ("x=2, x=5", "5", 0.0),
+    ("(1, 2)", "2", 0.0),                        # an interval (or a pair) is not its end
+    ("2\\pi", "2", 0.0),                         # read whole, not as its leading 2
+    ("5", "1, 2, 3, 4, 5", 0.0),                 # a list of candidates is not its last one
+    ("5", "2, 5", 0.0),
+    ("5", "First 2, then 5", 1.0),               # prose: the last expression, as math-verify reads it
+    ("72", "Therefore, x = 72", 1.0),
+    ("1,234", "1234", 1.0),
+    ("3 hours", "3", 1.0),
+]
+
+
+@pytest.mark.parametrize(("gold", "completion", "want"), MATH_CASES)
+def test_math_verify_grades_against_the_whole_gold(gold: str, completion: str, want: float) -> None:
+    assert build_reward("math_verify", {})(P, [completion], answer=[gold]) == [want]
+
+
+def test_math_verify_unreadable_gold_is_unscored() -> None:
+    assert build_reward("math_verify", {})(P, ["5"], answer=[""]) == [None]
+
+
 def test_exact_match_normalisation_options() -> None:
     f = build_reward("exact_match", {})
     assert f(P * 3, [" Paris! ", "paris  france", "PARIS"], answer=["paris", "Paris France", "Paris."]) == [1.0, 1.0, 1.0]
@@ -35,6 +68,13 @@ def test_exact_match_normalisation_options() -> None:
     assert normalize_text("  A,  b.\tC ") == "a b c"
 
 
+def test_exact_match_keeps_numbers_whole() -> None:
+    f = build_reward("exact_match", {})
+    comps = ["10", "3", "-3", "1.0", "3.", "34", "3-4", "The answer: -3!"]
+    golds = ["1.0", "-3", "-3", "1.0", "3", "3-4", "3-4", "the answer -3"]
+    assert f(P * 8, comps, answer=golds) == [0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0]
+
+
 def test_numeric_tolerance_and_pick() -> None:
     f = build_reward("numeric", {"tolerance": 0.01})
     assert f(P * 4, ["x = 3.005", "1,234", "none", "2 then 5"], answer=["3", "1234", "1", "5"]) == [1.0, 1.0, 0.0, 1.0]
@@ -43,6 +83,14 @@ def test_numeric_tolerance_and_pick() -> None:
     rel = build_reward("numeric", {"rel_tolerance": 0.1})
     assert rel(P * 2, ["105", "111"], answer=["100", "100"]) == [1.0, 0.0]
     assert parse_number("cost -1.5e2 dollars") == -150.0
+
+
+def test_numeric_reads_no_number_from_an_expression() -> None:
+    f = build_reward("numeric", {})
+    comps = ["4-5", "4-5", "4 - 5", "4-5=-1", "6 (2*3)", "-5"]
+    golds = ["-5", "5", "-1", "-1", "6", "-5"]
+    assert f(P * 6, comps, answer=golds) == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    assert [parse_number(t) for t in ("4-5", "2,5", "12,345.5", "x=-3", "(2*3) so 6")] == [None, 5.0, 12345.5, -3.0, 6.0]
 
 
 def test_regex_format_search_and_fullmatch() -> None:
