@@ -4,7 +4,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/protocol/pb}
-py=${PYTHON:-$root/.venv/bin/python}
+py=$root/.venv/bin/python  # the venv's, whatever PYTHON says (make passes PYTHON=python3 to make the venv)
 mkdir -p "$out"
 PATH="$(dirname "$py"):$PATH" "$py" -m grpc_tools.protoc -I "$root/proto" \
   --python_out="$out" --grpc_python_out="$out" --mypy_out="$out" \

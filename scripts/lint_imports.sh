@@ -5,7 +5,7 @@
 # tree of links laid out as the installed package is (scripts/package_tree.sh says why).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-py=${PYTHON:-$root/.venv/bin/python}
+py=$root/.venv/bin/python  # the venv's, whatever PYTHON says (make passes PYTHON=python3 to make the venv)
 source "$root/scripts/package_tree.sh"
 tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT

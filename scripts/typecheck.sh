@@ -6,7 +6,7 @@
 # runs; reported paths are rewritten back to the checkout's (node/..., not swarmrl/node/...).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-py=${PYTHON:-$root/.venv/bin/python}
+py=$root/.venv/bin/python  # the venv's, whatever PYTHON says (make passes PYTHON=python3 to make the venv)
 source "$root/scripts/package_tree.sh"
 tree=$root/.cache/mypy-tree
 package_tree "$root" "$tree"
