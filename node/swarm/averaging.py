@@ -302,8 +302,8 @@ class GradientAveraging:
         return PendingRound(version, control)
 
     def finish(self, pending: PendingRound, grads: Sequence[torch.Tensor], weight: float) -> RoundOutcome:
-        """Put this trainer's gradients (weight = admitted tokens; 0 to only help) into the round
-        and wait for it. Never raises for a failed round: the outcome says why."""
+        """Put this trainer's gradients (weight = the loss's denominator,
+        `LossNormalizer.denominator`; 0 to only help) into the round and wait for it. Never raises for a failed round: the outcome says why."""
         control = pending.control
         with self.averager.get_tensors() as tensors:
             for t, g in zip(tensors, grads):

@@ -6,7 +6,8 @@ gradient reducer this file hands the trainer's step (`JobSwarm.reducer`; the swa
 tensors, never the learner):
 
     begin matchmaking (group key = job + version) -> forward/backward -> put the gradient in
-    (weight = admitted completion tokens; a non-finite gradient goes in as zeros with weight 0)
+    (weight = the loss's denominator, `LossNormalizer.denominator`; a non-finite gradient goes in
+    as zeros with weight 0)
     -> the round agrees: step on the average (no step when no member had weight) | it does not:
     step on our own gradient, unless we had nothing to give or a cotrainer got ahead meanwhile
     (then abandon: the groups stay pending and we adopt the cotrainer's state instead).
@@ -139,8 +140,8 @@ class AveragingReduce:
     """One averaging round as a gradient reducer (`protocol.grpo.reduce.GradientReducer`).
 
     begin: start matchmaking (group key = job + version), overlapping the forward/backward pass.
-    reduce: put the gradient in (weight = admitted completion tokens; weight 0 with zeros when the
-    trainer has nothing usable); the round agrees: step on the average, or no step when no member
+    reduce: put the gradient in (weight = the loss's denominator: tokens or completions by variant;
+    weight 0 with zeros when the trainer has nothing usable); the round agrees: step on the average, or no step when no member
     had weight | it does not: step on the local gradient, unless there is none or the trainer had
     no groups or a cotrainer got ahead (then abandon).
     """

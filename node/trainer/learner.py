@@ -293,7 +293,8 @@ class Learner:
         reducer.begin()
         loss, metrics = self.compute_gradients(batch)
         finite = self.gradients_finite()
-        weight = float(batch.mask_BT.sum()) if finite else 0.0
+        # the loss's own denominator: the average over trainers is then the step on the union batch
+        weight = LossNormalizer.of(batch.mask_BT).denominator(self.spec.loss.variant) if finite else 0.0
         out = reducer.reduce(self.grads() if finite else [torch.zeros_like(p) for p in self.params], weight)
         if out.abandon:
             self.clear_grads()

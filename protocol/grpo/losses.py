@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from swarmrl.protocol.grpo.config import LossConfig
+from swarmrl.protocol.grpo.config import LossConfig, LossVariant
 from swarmrl.protocol.grpo.metrics import effective_sample_size
 
 # Log importance ratios are clamped to [-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT] before exp (e^20 ~ 5e8): keeps a
@@ -49,6 +49,21 @@ class LossNormalizer:
         """The denominators of a whole batch's (B, T) mask."""
         tokens_B = (mask_BT != 0).sum(-1)
         return cls(float(tokens_B.sum()), float((tokens_B > 0).sum()))
+
+    def denominator(self, variant: LossVariant) -> float:
+        """What `variant`'s loss divides the batch's summed per-token (or per-sequence) terms by, up
+        to a factor every trainer of a job shares: `tokens` for dapo and cispo, `completions` for
+        grpo, gspo and dr_grpo (dr_grpo's constant K is the job's).
+
+        This is a batch's weight when trainers average their gradients: each trainer's gradient is
+        its numerator over its denominator, so the average weighted by the denominators is the sum
+        of the numerators over the sum of the denominators, which is the gradient one trainer would
+        take on the union of the batches. Weighting by tokens is right only for the token-mean
+        variants: GRPO with 2 completions of 10 tokens (gradient +1.0) and 2 of 100 (-1.0) has
+        union gradient 0.0, which token weights would make -0.82.
+        Returns 0.0 for an empty batch (it then gives nothing to the average).
+        """
+        return self.tokens if variant in ("dapo", "cispo") else self.completions
 
 
 def policy_loss(

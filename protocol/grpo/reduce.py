@@ -41,7 +41,8 @@ class GradientReducer(Protocol):
         """Combine this trainer's gradients with others'.
 
         grads: this trainer's LoRA gradients (zeros when it has none or they are not finite).
-        weight: admitted completion tokens behind them (0.0 when there is nothing to give).
+        weight: the loss's denominator behind them (`LossNormalizer.denominator`: tokens or
+            completions by variant; 0.0 when there is nothing to give).
         """
         ...
 
