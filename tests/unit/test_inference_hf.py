@@ -77,7 +77,9 @@ def test_sampling_logprobs_match_scoring(backend: HFBackend, adapter: str | None
     for b, (_, c) in enumerate(flat):
         assert mask_BT[b].sum().item() == len(c.token_ids)
         sampled = torch.tensor(c.logprobs)
-        assert torch.allclose(logprobs_BT[b, : len(c.token_ids)], sampled, rtol=0.0, atol=1e-5)
+        # fp32, KV-cached decode against one prefill: summation order differs (max 1.1e-5 measured on
+        # the tiny model's 32-wide heads)
+        assert torch.allclose(logprobs_BT[b, : len(c.token_ids)], sampled, rtol=0.0, atol=5e-5)
 
 
 def test_eos_kept_and_finish_reasons(backend: HFBackend) -> None:

@@ -132,7 +132,10 @@ def test_encode_prompt_adds_one_bos(tiny) -> None:
     _, tokenizer = tiny
     ids = encode_prompt(tokenizer, "2+3 = 5\n6+7 =")
     assert ids[0] == tokenizer.bos_token_id and ids.count(tokenizer.bos_token_id) == 1
-    assert encode_prompt(tokenizer, "<bos>6+7 =") == encode_prompt(tokenizer, "6+7 =")
+    # a "<bos>" spelled in the text is text (issue 25 item 5), never a second BOS id
+    spelled = encode_prompt(tokenizer, "<bos>6+7 =")
+    assert spelled[0] == tokenizer.bos_token_id and spelled.count(tokenizer.bos_token_id) == 1
+    assert tokenizer.decode(spelled[1:]) == "<bos>6+7 ="
 
 
 def test_decode_roundtrips_digits_spaces_newlines(tiny) -> None:

