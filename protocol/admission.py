@@ -68,8 +68,13 @@ def check_batch_envelope(
     now_ms: int,
     batch_seen: bool,
     banned: Container[str],
+    lease_expired: bool | None = None,
 ) -> str:
-    """Batch-level checks after the signature verified. Returns a reason, or "" to go on."""
+    """Batch-level checks after the signature verified. Returns a reason, or "" to go on.
+
+    lease_expired: whether the lease is past its deadline, where the caller knows it on its own
+    clock (the trainer's lease book is monotonic); None compares `now_ms` with `lease.deadline_ms`.
+    """
     if batch.peer_id != signer:
         return SIGNER_MISMATCH
     if signer in banned:
@@ -80,7 +85,7 @@ def check_batch_envelope(
         return UNKNOWN_LEASE
     if lease.peer_id != signer:
         return LEASE_PEER_MISMATCH
-    if now_ms > lease.deadline_ms:
+    if (now_ms > lease.deadline_ms) if lease_expired is None else lease_expired:
         return LEASE_EXPIRED
     return ""
 

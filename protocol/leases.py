@@ -14,6 +14,10 @@ lease's deadline (`protocol.admission.check_batch_envelope`), never this book.
 
 Pure (no network, no clock of its own: every time is a `now_ms` argument), so the trainer
 (`node/trainer/admission.py`) and the simulator (`simulations/trainer.py`) run the same book.
+Deadlines and expiry follow the clock of `now_ms`, which the trainer makes a monotonic one: a
+wall clock stepped back or forward by an hour neither holds an expired lease's prompts for an
+hour nor expires every open lease at once. A lease on the wire still carries wall-clock
+`issued_ms` / `deadline_ms` (`wall_ms`), for people and for the ledger across restarts.
 """
 
 from __future__ import annotations
@@ -22,13 +26,14 @@ import heapq
 import itertools
 import secrets
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 BACKLOG_BATCHES = 2  # leases are refused ("busy") while this many batches of groups are pending (backlog_full)
 BUSY_RETRY_MS = 1000  # the retry hint of a "busy" refusal
+EXPIRED_KEPT = 50_000  # ids of the leases expired last, remembered so a late batch reads lease_expired
 
 
 def backlog_full(pending_groups: int, batch_groups: int, *, open_prompts: int = 0,
@@ -69,16 +74,27 @@ class LeaseBook:
         self._unanswered = 0  # prompts of open leases not answered yet (open_prompts)
         self._of_peer: dict[str, dict[str, None]] = {}   # peer id -> its open lease ids, in issue order (open_of)
         self._deadlines: list[tuple[int, int, str]] = []  # (deadline_ms, seq, lease id) of leases issued (expire)
+        self._deadline_of: dict[str, int] = {}   # open lease id -> its deadline on the book's clock
+        self._expired: OrderedDict[str, None] = OrderedDict()   # the last EXPIRED_KEPT expired ids
         self._seq = itertools.count()
         self._new_lease_id = new_lease_id or _random_lease_id
         self._lock = threading.Lock()
 
-    def restore(self, leases: list[pb.Lease], admitted: set[int]) -> None:
-        """Rebuild state after a restart from the ledger's open leases and admitted indices."""
+    def restore(self, leases: list[pb.Lease], admitted: set[int], *, now_ms: int | None = None,
+                wall_ms: int | None = None) -> None:
+        """Rebuild state after a restart from the ledger's open leases and admitted indices.
+
+        With `now_ms` (the book's clock) and `wall_ms` (the wall clock, that of the leases'
+        `deadline_ms`), each lease keeps what was left of its time, at most one TTL (a wall clock
+        set back can't stretch a lease); without them the leases' deadlines are on the book's clock.
+        """
         with self._lock:
             self._admit(admitted)
             for lease in leases:
-                self._add(lease)
+                if now_ms is None or wall_ms is None:
+                    self._add(lease, lease.deadline_ms)
+                else:
+                    self._add(lease, now_ms + min(max(lease.deadline_ms - wall_ms, 0), self.ttl_ms))
                 self._answered[lease.lease_id] = {i for i in lease.prompt_indices if i in admitted}
                 self._unanswered += len(set(lease.prompt_indices)) - len(self._answered[lease.lease_id])
             seen = {i for i in admitted | {i for lease in leases for i in lease.prompt_indices}
@@ -86,8 +102,11 @@ class LeaseBook:
             self._next_index = max(seen, default=self.rank - self.count) + self.count
             self._requeued.extend(sorted(set(range(self.rank, self._next_index, self.count)) - seen))
 
-    def issue(self, peer_id: str, n: int, version: int, sampling: pb.SamplingParams, now_ms: int) -> pb.Lease:
-        """A new lease of `n` prompt indices (re-queued ones first)."""
+    def issue(self, peer_id: str, n: int, version: int, sampling: pb.SamplingParams, now_ms: int, *,
+              wall_ms: int | None = None) -> pb.Lease:
+        """A new lease of `n` prompt indices (re-queued ones first), due `ttl_ms` after `now_ms` on
+        the book's clock. Its `issued_ms` / `deadline_ms` fields are on the wall clock `wall_ms`
+        (default: the book's clock, as in the simulator)."""
         with self._lock:
             indices: list[int] = []
             while self._requeued and len(indices) < n:
@@ -99,9 +118,10 @@ class LeaseBook:
                 self._next_index += self.count
             lease = pb.Lease(
                 lease_id=self._new_lease_id(), job_id=self.job_id, peer_id=peer_id, prompt_indices=indices,
-                policy_version=version, sampling=sampling, issued_ms=now_ms, deadline_ms=now_ms + self.ttl_ms,
+                policy_version=version, sampling=sampling, issued_ms=now_ms if wall_ms is None else wall_ms,
             )
-            self._add(lease)
+            lease.deadline_ms = lease.issued_ms + self.ttl_ms
+            self._add(lease, now_ms + self.ttl_ms)
             self._answered[lease.lease_id] = set()
             self._unanswered += len(set(indices))
             return lease
@@ -128,13 +148,26 @@ class LeaseBook:
         kept one by one, re-queued indices, deadline heap), for bounds checks and metrics."""
         with self._lock:
             return {"open": len(self._open), "answered": len(self._answered), "admitted": len(self._admitted),
-                    "requeued": len(self._requeued), "deadlines": len(self._deadlines), "peers": len(self._of_peer)}
+                    "requeued": len(self._requeued), "deadlines": len(self._deadlines), "peers": len(self._of_peer),
+                    "expired": len(self._expired)}
 
-    def _add(self, lease: pb.Lease) -> None:
-        """Open `lease` and index it by peer and deadline (caller holds the lock)."""
+    def _add(self, lease: pb.Lease, deadline_ms: int) -> None:
+        """Open `lease`, due at `deadline_ms` on the book's clock, and index it by peer and
+        deadline (caller holds the lock)."""
         self._open[lease.lease_id] = lease
         self._of_peer.setdefault(lease.peer_id, {})[lease.lease_id] = None
-        heapq.heappush(self._deadlines, (lease.deadline_ms, next(self._seq), lease.lease_id))
+        self._deadline_of[lease.lease_id] = deadline_ms
+        heapq.heappush(self._deadlines, (deadline_ms, next(self._seq), lease.lease_id))
+
+    def deadline_of(self, lease_id: str) -> int | None:
+        """The open lease's deadline on the book's clock, or None if it is not open."""
+        with self._lock:
+            return self._deadline_of.get(lease_id)
+
+    def expired_recently(self, lease_id: str) -> bool:
+        """Whether this book expired `lease_id` (one of the last `EXPIRED_KEPT` it expired)."""
+        with self._lock:
+            return lease_id in self._expired
 
     def get(self, lease_id: str) -> pb.Lease | None:
         """The open lease `lease_id`, or None (unknown, expired, revoked or fully answered)."""
@@ -178,6 +211,9 @@ class LeaseBook:
                 if lid in self._open:   # else answered in full or revoked already
                     expired.append(lid)
                     self._close(lid)
+                    self._expired[lid] = None
+                    if len(self._expired) > EXPIRED_KEPT:
+                        self._expired.popitem(last=False)
             return expired
 
     def _forget(self, lease: pb.Lease) -> set[int]:
@@ -185,6 +221,7 @@ class LeaseBook:
         its answered indices (caller holds the lock; its deadline stays on the heap until
         `expire` passes it)."""
         del self._open[lease.lease_id]
+        del self._deadline_of[lease.lease_id]
         answered = self._answered.pop(lease.lease_id)
         mine = self._of_peer[lease.peer_id]
         del mine[lease.lease_id]

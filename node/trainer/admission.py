@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 
@@ -37,16 +38,22 @@ class Admission:
     prompt_ids: index -> token ids of each of the given prompt indices, derived from (job seed,
         index) (`JobRuntime.prompt_ids_of`).
     version, done: the job's current policy version and whether it ended (read at each use).
-    clock: unix seconds (time.time, or a test's clock).
+    clock: unix seconds (time.time, or a test's clock): bans, the ledger's times, a lease's wire
+        `issued_ms` / `deadline_ms`.
+    monotonic: seconds on a clock that never jumps: lease deadlines and expiry, so a wall clock
+        stepped by an hour either way changes neither. Default time.monotonic, or `clock` itself
+        when that is a test's clock (one clock drives both unless a test passes two).
     """
 
     def __init__(self, job_id: str, spec: JobSpec, ledger: Ledger, *, limits: adm.AdmissionLimits,
                  prompt_ids: Callable[[Iterable[int]], dict[int, list[int]]], version: Callable[[], int], done: Callable[[], bool],
-                 prompt_shard: tuple[int, int] = (0, 1), clock: Clock) -> None:
+                 prompt_shard: tuple[int, int] = (0, 1), clock: Clock, monotonic: Clock | None = None) -> None:
         self.job_id, self.spec, self.ledger, self.limits = job_id, spec, ledger, limits
         self.prompt_ids, self.version, self.done, self.clock = prompt_ids, version, done, clock
+        self.monotonic = monotonic or (time.monotonic if clock is time.time else clock)
         self.leases = LeaseBook(job_id, ttl_ms=int(spec.lease_ttl_s * 1000), shard=prompt_shard)
-        self.leases.restore(ledger.leases(job_id, open_only=True), ledger.admitted_indices(job_id))
+        self.leases.restore(ledger.leases(job_id, open_only=True), ledger.admitted_indices(job_id),
+                            now_ms=self.lease_ms(), wall_ms=self.now_ms())
         self.bans = BanBook(job_id, ledger)
         self.gate = threading.RLock()
         self.rejections_since_step = 0
@@ -59,6 +66,19 @@ class Admission:
     def now_ms(self) -> int:
         """The injected clock in unix milliseconds."""
         return int(self.clock() * 1000)
+
+    def lease_ms(self) -> int:
+        """The lease book's clock (monotonic) in milliseconds."""
+        return int(self.monotonic() * 1000)
+
+    def _lease_expired(self, lease: pb.Lease, now_ms: int) -> bool:
+        """Whether `lease` is past its deadline: on the monotonic clock while it is open or after
+        the book expired it; on the wall clock (`now_ms`) for one closed otherwise (answered in
+        full, revoked, or closed before a restart) (caller holds the gate)."""
+        deadline = self.leases.deadline_of(lease.lease_id)
+        if deadline is not None:
+            return self.lease_ms() > deadline
+        return self.leases.expired_recently(lease.lease_id) or now_ms > lease.deadline_ms
 
     @property
     def banned(self) -> dict[str, str]:
@@ -83,7 +103,7 @@ class Admission:
         The clock is read once, before the gate; from the ban check to the issued lease nothing
         else runs under the gate that a ban takes too.
         """
-        now = self.now_ms()
+        now, lease_now = self.now_ms(), self.lease_ms()
         with self.gate:
             self._note_version(peer_id, int(req.adapter_version))
             self.bans.expire(now)
@@ -91,12 +111,12 @@ class Admission:
                 return pb.LeaseReply(reason=adm.BANNED)
             if self.done():
                 return pb.LeaseReply(reason="job_done")
-            self._expire_leases(now)
+            self._expire_leases(lease_now)
             if backlog_full(self.ledger.count_pending(self.job_id), self.spec.batch_groups):
                 # Backpressure: more rollouts would only go stale before a step could use them.
                 return pb.LeaseReply(reason="busy", retry_after_ms=BUSY_RETRY_MS)
             n = max(1, min(req.max_prompts or self.spec.prompts_per_lease, self.spec.prompts_per_lease))
-            lease = self.leases.issue(peer_id, n, self.version(), self.sampling(), now)
+            lease = self.leases.issue(peer_id, n, self.version(), self.sampling(), lease_now, wall_ms=now)
             self.ledger.add_lease(lease)
             return pb.LeaseReply(lease=lease)
 
@@ -110,7 +130,7 @@ class Admission:
 
     def expire_leases(self) -> None:
         """Close the leases past their deadline; their unanswered prompts go back to the queue."""
-        now = self.now_ms()
+        now = self.lease_ms()
         with self.gate:
             self._expire_leases(now)
 
@@ -156,7 +176,8 @@ class Admission:
             self.bans.expire(now)
             lease = self.leases.get(batch.lease_id) or self.ledger.lease(batch.lease_id)
             reason = adm.check_batch_envelope(
-                batch, signer, lease, now_ms=now, batch_seen=self.ledger.batch_seen(batch_id), banned=self.banned
+                batch, signer, lease, now_ms=now, batch_seen=self.ledger.batch_seen(batch_id), banned=self.banned,
+                lease_expired=None if lease is None else self._lease_expired(lease, now),
             )
             if reason:
                 if is_attributable(reason):

@@ -57,6 +57,8 @@ class JobRuntime:
     probation_ms: how long the admitted groups of a peer without a passing verdict from a
         trusted validator wait before a step may use them (0: no probation; `trainable_cutoff`).
     clock: unix seconds (default time.time; tests pass their own).
+    monotonic: the lease book's clock, seconds that never jump (`Admission`; default
+        time.monotonic, or `clock` when a test passes its own).
     wrap_reducer: fault drills wrap the step's gradient reducer (`node.trainer.faults`); the
         step itself carries no drill.
     device: where the learner's model runs (`node.inference.device.resolve_device`).
@@ -67,6 +69,7 @@ class JobRuntime:
     def __init__(
         self, job_id: str, spec: JobSpec, *, identity: Identity, model_path: Path, state_dir: Path, ledger: Ledger,
         prompt_shard: tuple[int, int] = (0, 1), probation_ms: int = 0, clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] | None = None,
         wrap_reducer: ReducerWrap | None = None, dataset: bytes | None = None, device: str = "cpu",
         ledger_keep_ms: int = LEDGER_KEEP_MS,
     ) -> None:
@@ -93,7 +96,7 @@ class JobRuntime:
         limits = job_limits(spec, self.env, vocab_size(self.learner.model))
         self.admission = Admission(job_id, spec, ledger, limits=limits, prompt_ids=self.prompt_ids_of,
                                    version=lambda: self.version, done=lambda: self.done,
-                                   prompt_shard=prompt_shard, clock=clock)
+                                   prompt_shard=prompt_shard, clock=clock, monotonic=monotonic)
 
     def _resume(self) -> None:
         """Start fresh (publish version 0) or resume from the checkpoint plus later deltas."""
