@@ -6,10 +6,13 @@ Each worker is a fresh Python interpreter (never a fork of the node, so it holds
 node's keys, model or memory), started with a minimal environment. It loads the environment by
 name and version and then runs one reward-function call at a time on texts it receives. Messages
 both ways are length-prefixed JSON over private pipes (the parent never unpickles what a worker
-sends). Every call has a wall-clock limit; a worker that overruns it or dies is killed and
-replaced. A reward function that raises, overruns, returns something other than a list of the
-batch's length, or returns a non-finite / non-numeric value yields a recorded failure (reward
-None, error set), never a zero.
+sends). Each call grades one completion (or, for an environment with group-level rewards, whose
+rows carry a `group` column, the rows of one group together), so the wall-clock limit measures
+that call's own grading, from the moment a worker takes it, never its wait behind others in a
+queue or a chunk; a worker that overruns it or dies is killed and replaced while the other
+workers go on. A reward function that raises, overruns, returns something other than a list of
+the call's length, or returns a non-finite / non-numeric value yields a recorded failure for that
+call's rows only (reward None, error set), never a zero.
 
 Reward functions follow TRL's convention: `f(prompts=[...], completions=[...], **columns) ->
 list[float | None]`, where each column is one info key transposed across the batch.
@@ -18,7 +21,6 @@ list[float | None]`, where each column is one info key transposed across the bat
 from __future__ import annotations
 
 import importlib
-import itertools
 import json
 import math
 import numbers
@@ -38,7 +40,7 @@ MAX_MESSAGE_BYTES = 64 << 20
 START_TIMEOUT_S = 60.0
 _ENV_PASSTHROUGH = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")
 _CALL_KINDS = ("ok", "exception", "not_a_list")  # what a worker may answer to a call
-Task = tuple[int, int, int]  # (reward function, first completion, end)
+Task = tuple[int, tuple[int, ...]]  # (reward function, the rows of one call: a completion, or a group's)
 _CHILD = "import sys; from swarmrl.node.tasks.grading import _child_main; _child_main(int(sys.argv[1]), int(sys.argv[2]))"
 
 
@@ -51,9 +53,11 @@ class GradingPool:
 
     env_name, env_version: the installed environment to load (`swarmrl.protocol.envs`); a
         version that doesn't match the installed one is refused.
-    timeout_s: wall-clock limit of one reward-function call on one chunk of the batch.
-    processes: worker processes; with more than one, each call's batch is split into that many
-        contiguous chunks (so a reward function sees a sub-batch) and calls run in parallel.
+    timeout_s: wall-clock limit of one reward function grading one completion, or one group's
+        rows where a `group` column is given (counted from the moment a worker takes the call:
+        time waiting for a free worker is not counted).
+    processes: worker processes; each call grades one completion (a reward function sees a batch
+        of one) or one group's rows, and calls spread over the processes in parallel.
     rewards: a data-set job's `[{name, weight, **params}]` built-in rewards, loaded instead of an
         environment (env_name and env_version then only label the pool).
     env_factory: "module:attr" naming an environment object (or a zero-argument callable
@@ -61,7 +65,8 @@ class GradingPool:
     task: a reasoning-gym job's `{"environment": task table, "seed": job seed}`: the environment
         is built from it (`protocol.envs.rg_env`) instead of the named one.
     `failures` counts failures by kind: "timeout", "crash", "exception", "not_a_list",
-    "wrong_length" (per call and chunk), "non_finite", "non_numeric" (per value).
+    "wrong_length" (per call, so per completion and reward function), "non_finite",
+    "non_numeric" (per value).
     Raises GradingError when the environment can't be loaded. Use as a context manager or call
     `close()`.
     """
@@ -112,10 +117,9 @@ class GradingPool:
             return []
         values: list[list[float | None]] = [[None] * n for _ in self.reward_names]  # [F][N]
         errors: list[list[str]] = [[] for _ in range(n)]
-        chunks = _chunks(n, len(self._workers))
-        tasks = deque((f, lo, hi) for f in range(len(self.reward_names)) for lo, hi in chunks)
-        for (f, lo, hi), outcome in self._run(tasks, list(prompts), list(completions), columns):
-            self._record(f, lo, hi, outcome, values, errors)
+        tasks = deque((f, rows) for rows in _call_rows(n, columns.get("group")) for f in range(len(self.reward_names)))
+        for (f, rows), outcome in self._run(tasks, list(prompts), list(completions), columns):
+            self._record(f, rows, outcome, values, errors)
         return [self._grade_one(i, values, errors[i]) for i in range(n)]
 
     def close(self) -> None:
@@ -139,17 +143,17 @@ class GradingPool:
     def _run(
         self, tasks: deque[Task], prompts: list[str], completions: list[str], columns: dict[str, list[Any]]
     ) -> Iterator[tuple[Task, tuple[str, Any]]]:
-        """Dispatch (function, lo, hi) tasks to idle workers; yield (task, outcome) as they end.
+        """Dispatch (function, rows) tasks to idle workers; yield (task, outcome) as they end.
 
         outcome is ("ok", values) or (kind, message) for a failed call.
         """
         idle, busy = list(self._workers), dict[_Worker, tuple[Task, float]]()  # worker -> (task, deadline)
         while tasks or busy:
             while idle and tasks:
-                f, lo, hi = task = tasks.popleft()
+                f, rows = task = tasks.popleft()
                 worker = idle.pop()
-                request = {"func": f, "prompts": prompts[lo:hi], "completions": completions[lo:hi],
-                           "kwargs": {k: v[lo:hi] for k, v in columns.items()}}
+                request = {"func": f, "prompts": [prompts[i] for i in rows], "completions": [completions[i] for i in rows],
+                           "kwargs": {k: [v[i] for i in rows] for k, v in columns.items()}}
                 try:
                     worker.send(request)
                 except OSError:  # it died while idle
@@ -182,18 +186,19 @@ class GradingPool:
         self._workers[self._workers.index(worker)] = fresh
         return fresh
 
-    def _record(self, f: int, lo: int, hi: int, outcome: tuple[str, Any], values: list[list[float | None]], errors: list[list[str]]) -> None:
+    def _record(self, f: int, rows: tuple[int, ...], outcome: tuple[str, Any], values: list[list[float | None]],
+                errors: list[list[str]]) -> None:
         name = self.reward_names[f]
         kind, payload = outcome
-        if kind == "ok" and (not isinstance(payload, list) or len(payload) != hi - lo):
+        if kind == "ok" and (not isinstance(payload, list) or len(payload) != len(rows)):
             got = len(payload) if isinstance(payload, list) else type(payload).__name__
-            kind, payload = "wrong_length", f"wrong length: got {got}, want {hi - lo}"
+            kind, payload = "wrong_length", f"wrong length: got {got}, want {len(rows)}"
         if kind != "ok":
             self.failures[kind] += 1
-            for i in range(lo, hi):
+            for i in rows:
                 errors[i].append(f"{name}: {payload}")
             return
-        for i, v in zip(range(lo, hi), payload, strict=True):
+        for i, v in zip(rows, payload, strict=True):
             value, kind, error = _check_value(v)
             values[f][i] = value
             if error:
@@ -205,6 +210,17 @@ class GradingPool:
         if errors:
             return Grade(reward=None, rewards=rewards, error="; ".join(errors))
         return Grade(reward=total_reward(rewards, self.reward_weights), rewards=rewards, error="")
+
+
+def _call_rows(n: int, groups: list[Any] | None) -> list[tuple[int, ...]]:
+    """The rows of each call: one per row, or, given a `group` column, the rows of each group
+    value together (in order of first appearance), so a group-level reward sees its whole group."""
+    if groups is None:
+        return [(i,) for i in range(n)]
+    by_group: dict[str, list[int]] = {}
+    for i, g in enumerate(groups):
+        by_group.setdefault(json.dumps(g, sort_keys=True), []).append(i)
+    return [tuple(rows) for rows in by_group.values()]
 
 
 def _check_value(v: Any) -> tuple[float | None, str, str]:
@@ -238,12 +254,6 @@ def _transpose(
     except (TypeError, ValueError) as e:
         raise ValueError(f"info values must be JSON data: {e}") from e
     return columns
-
-
-def _chunks(n: int, parts: int) -> list[tuple[int, int]]:
-    parts = min(parts, n)
-    bounds = [round(k * n / parts) for k in range(parts + 1)]
-    return [(lo, hi) for lo, hi in itertools.pairwise(bounds) if hi > lo]
 
 
 class _Worker:

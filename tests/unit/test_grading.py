@@ -37,6 +37,20 @@ def tricky(prompts, completions, **kwargs):
     return [table.get(c, 2.0) for c in completions]
 
 
+def slow(prompts, completions, **kwargs):
+    """0.2 s per completion; "hang" never returns."""
+    for c in completions:
+        time.sleep(3600 if c == "hang" else 0.2)
+    return [1.0] * len(completions)
+
+
+def call_size(prompts, completions, **kwargs):
+    """Each row's value is how many rows its call saw; "hang" never returns."""
+    if "hang" in completions:
+        time.sleep(3600)
+    return [float(len(completions))] * len(completions)
+
+
 def sees_secret(prompts, completions, **kwargs):
     return [1.0 if "SWARMRL_TEST_SECRET" in os.environ else 0.0 for _ in completions]
 
@@ -44,6 +58,8 @@ def sees_secret(prompts, completions, **kwargs):
 ARITH = SimpleNamespace(reward_funcs=[correct, brevity], reward_weights=[1.0, 0.5])
 TRICKY = SimpleNamespace(reward_funcs=[tricky], reward_weights=None)
 SNOOP = SimpleNamespace(reward_funcs=[sees_secret], reward_weights=[1.0])
+SLOW = SimpleNamespace(reward_funcs=[slow], reward_weights=[1.0])
+SIZES = SimpleNamespace(reward_funcs=[call_size], reward_weights=[1.0])
 
 
 def make_tricky() -> SimpleNamespace:
@@ -88,19 +104,20 @@ def test_values_none_nan_and_non_numeric(tricky_pool: GradingPool) -> None:
     assert tricky_pool.failures["non_finite"] >= 2 and tricky_pool.failures["non_numeric"] >= 1
 
 
-def test_raising_function_fails_the_batch(tricky_pool: GradingPool) -> None:
+def test_raising_function_fails_only_its_completion(tricky_pool: GradingPool) -> None:
     before = tricky_pool.failures["exception"]
-    grades = grade(tricky_pool, ["ok", "raise"])
-    assert all(g.reward is None and g.error == "tricky: ValueError: boom" for g in grades)
+    grades = grade(tricky_pool, ["ok", "raise", "ok"])
+    assert [g.reward for g in grades] == [2.0, None, 2.0]
+    assert grades[1].error == "tricky: ValueError: boom"
     assert tricky_pool.failures["exception"] == before + 1
-    assert grade(tricky_pool, ["ok"])[0].reward == 2.0
 
 
-def test_wrong_length_and_not_a_list_fail_the_batch(tricky_pool: GradingPool) -> None:
+def test_wrong_length_and_not_a_list_fail_only_their_completion(tricky_pool: GradingPool) -> None:
     grades = grade(tricky_pool, ["ok", "short", "ok"])
-    assert all(g.reward is None and g.error == "tricky: wrong length: got 2, want 3" for g in grades)
+    assert [g.reward for g in grades] == [2.0, None, 2.0]
+    assert grades[1].error == "tricky: wrong length: got 0, want 1"
     grades = grade(tricky_pool, ["scalar", "ok"])
-    assert all(g.reward is None and "not a list" in g.error for g in grades)
+    assert grades[0].reward is None and "not a list" in grades[0].error and grades[1].reward == 2.0
     assert tricky_pool.failures["wrong_length"] >= 1 and tricky_pool.failures["not_a_list"] >= 1
 
 
@@ -108,9 +125,22 @@ def test_timeout_kills_and_respawns(tricky_pool: GradingPool) -> None:
     started = time.monotonic()
     grades = grade(tricky_pool, ["sleep", "ok"])
     assert time.monotonic() - started < 5.0
-    assert all(g.reward is None and g.error == "tricky: timeout after 0.5s" for g in grades)
+    assert grades[0].reward is None and grades[0].error == "tricky: timeout after 0.5s"
+    assert grades[1].reward == 2.0
     assert tricky_pool.failures["timeout"] >= 1
     assert grade(tricky_pool, ["ok"])[0].reward == 2.0
+
+
+def test_the_limit_measures_each_completions_grading_not_its_wait() -> None:
+    """Issue 25 item 6: 2 processes, a 1 s limit, 20 completions that each grade in 0.2 s: all
+    are scored (2 s in all, 10 per process); add one that hangs: the 20 are scored and only it is
+    unscored, after about 1 s of its own, its process replaced."""
+    with pool("SLOW", timeout_s=1.0, processes=2) as p:
+        assert [g.reward for g in grade(p, ["x"] * 20)] == [1.0] * 20
+        grades = grade(p, ["x"] * 10 + ["hang"] + ["x"] * 10)
+        assert [g.reward for g in grades] == [1.0] * 10 + [None] + [1.0] * 10
+        assert grades[10].error == "slow: timeout after 1.0s"
+        assert p.failures["timeout"] == 1 and p.failures.total() == 1
 
 
 def test_worker_death_is_a_failure_and_respawns(tricky_pool: GradingPool) -> None:
@@ -129,11 +159,24 @@ def test_worker_killed_between_calls_is_replaced(tricky_pool: GradingPool) -> No
     assert grade(tricky_pool, ["ok"])[0].reward == 2.0
 
 
-def test_parallel_processes_split_the_batch() -> None:
+def test_a_group_column_grades_each_group_in_one_call() -> None:
+    """Group-level rewards (`protocol.envs.group_rewards`) see their whole group: rows with a
+    `group` column are graded a group per call; without it, a row per call. A group that hangs
+    fails its own rows only."""
+    with pool("SIZES", timeout_s=1.0, processes=2) as p:
+        assert [g.reward for g in grade(p, ["a"] * 4)] == [1.0] * 4
+        texts = ["a", "b", "c", "d", "e", "hang"]
+        groups = [{"group": g} for g in (7, 3, 7, 7, 3, 5)]
+        grades = p.grade(["Q"] * 6, texts, groups)
+    assert [g.reward for g in grades] == [3.0, 2.0, 3.0, 3.0, 2.0, None]
+    assert grades[5].error == "call_size: timeout after 1.0s"
+
+
+def test_parallel_processes_share_the_batch() -> None:
     with pool("make_tricky", timeout_s=0.5, processes=2) as p:
         grades = grade(p, ["ok", "ok", "nan", "ok", "raise", "ok"])
-    assert [g.reward for g in grades[:3]] == [2.0, 2.0, None]
-    assert all("ValueError: boom" in g.error for g in grades[3:])
+    assert [g.reward for g in grades] == [2.0, 2.0, None, 2.0, None, 2.0]
+    assert "non-finite" in grades[2].error and "ValueError: boom" in grades[4].error
 
 
 def test_worker_gets_no_inherited_environment(monkeypatch: pytest.MonkeyPatch) -> None:
