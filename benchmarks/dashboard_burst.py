@@ -42,7 +42,7 @@ JOB = "0f" * 16
 
 def admit_batch(job: JobRuntime, worker: Identity, round_: int) -> None:
     """Lease and admit `batch_groups` groups whose rewards vary (so the step has signal)."""
-    while job.ledger.count_pending(JOB) < job.spec.batch_groups:
+    while job.ledger.count_pending(JOB) < job.spec.batch_min:
         reply = job.admission.request_lease(worker.peer_id, pb.LeaseRequest(job_id=JOB, max_prompts=1,
                                                                              adapter_version=job.version))
         assert reply.HasField("lease"), reply.reason

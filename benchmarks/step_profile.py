@@ -128,7 +128,7 @@ def worker_round(session: JobSession, phases: Phases) -> int:
 def one_step(session: JobSession, runtime: Any, phases: Phases) -> dict[str, float]:
     """Lease rounds until a batch is pending, then the trainer's step; returns counters."""
     tokens0, completions = session.stats.tokens, 0
-    while runtime.ledger.count_pending(runtime.job_id) < runtime.spec.batch_groups:
+    while runtime.ledger.count_pending(runtime.job_id) < runtime.spec.batch_min:
         worker_round(session, phases)
         completions += runtime.spec.prompts_per_lease * runtime.spec.group_size
     with phases.time("trainer: step"):

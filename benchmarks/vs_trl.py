@@ -74,7 +74,7 @@ def trl_settings(spec: JobSpec) -> tuple[dict[str, Any], list[Mismatch]]:
     loss = spec.loss
     kwargs: dict[str, Any] = {
         "num_generations": spec.group_size,
-        "per_device_train_batch_size": spec.group_size * spec.batch_groups,
+        "per_device_train_batch_size": spec.group_size * spec.batch_max,
         "gradient_accumulation_steps": 1, "steps_per_generation": 1, "num_iterations": 1,
         "max_steps": spec.steps, "seed": spec.seed, "data_seed": spec.seed, "shuffle_dataset": False,
         "learning_rate": spec.learning_rate, "lr_scheduler_type": "constant", "warmup_steps": 0,
@@ -185,7 +185,7 @@ def run_trl(spec: JobSpec, model_path: Path, checkpoints: list[float], out: Path
     eos = model.generation_config.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [tokenizer.eos_token_id])
     model.generation_config.eos_token_id = sorted({*eos_ids, *stop_token_ids(tokenizer, tuple(spec.sampling.stop))})
-    prompts = env.prompts(spec.seed, range(spec.steps * spec.batch_groups))
+    prompts = env.prompts(spec.seed, range(spec.steps * spec.batch_max))
     by_index = {p.index: p for p in prompts}
     rows = [{"prompt": trl_prompt_text(tokenizer, p.text, render_prompt(tokenizer, p, spec.chat_template)),
              "index": p.index} for p in prompts]
@@ -207,7 +207,7 @@ def run_trl(spec: JobSpec, model_path: Path, checkpoints: list[float], out: Path
     result.wall_s, result.steps = clock.elapsed(), trainer.state.global_step
     if clock.saved_step != trainer.state.global_step:   # else the last checkpoint is the final adapter
         clock.save("final")
-    result.tokens = int(sum(h.get("completions/mean_length", 0.0) * spec.group_size * spec.batch_groups
+    result.tokens = int(sum(h.get("completions/mean_length", 0.0) * spec.group_size * spec.batch_max
                             for h in trainer.state.log_history))
     return result
 

@@ -32,6 +32,7 @@ def _task_kind(value: Any) -> str:
     return "dataset"
 
 
+BatchGroups = Annotated[int, Field(ge=1, le=4096)]
 Environment = Annotated[Annotated[str, Tag("installed")] | Annotated[DatasetTask, Tag("dataset")]
                         | Annotated[ReasoningGymTask, Tag("reasoning_gym")], Discriminator(_task_kind)]
 
@@ -75,7 +76,9 @@ class JobSpec(_Frozen):
                                     description="an installed environment's package hash ('' = any)")
     seed: int = Field(0, ge=0, lt=2**63)
     group_size: int = Field(8, ge=2, le=256, description="G: completions per prompt")
-    batch_groups: int = Field(8, ge=1, le=4096, description="groups per optimizer step")
+    batch_groups: BatchGroups | tuple[BatchGroups, BatchGroups] = Field(
+        8, description="groups per optimizer step: a number, or a range [min, max] (elastic intake: a step "
+                       "takes every trainable pending group up to max once min are there)")
     prompts_per_lease: int = Field(4, ge=1, le=256)
     steps: int = Field(100, ge=1, le=1_000_000)
     learning_rate: float = Field(1e-4, gt=0.0, lt=1.0)
@@ -96,7 +99,19 @@ class JobSpec(_Frozen):
     def _check(self) -> JobSpec:
         if self.loss.loss_constant is not None and self.loss.loss_constant < self.sampling.max_new_tokens:
             raise ValueError("loss.loss_constant must be >= sampling.max_new_tokens")
+        if self.batch_min > self.batch_max:
+            raise ValueError(f"batch_groups [{self.batch_min}, {self.batch_max}]: min must be <= max")
         return self
+
+    @property
+    def batch_min(self) -> int:
+        """The fewest groups a step trains on (`batch_groups`, or its range's min)."""
+        return self.batch_groups if isinstance(self.batch_groups, int) else self.batch_groups[0]
+
+    @property
+    def batch_max(self) -> int:
+        """The most groups a step trains on (`batch_groups`, or its range's max)."""
+        return self.batch_groups if isinstance(self.batch_groups, int) else self.batch_groups[1]
 
     @property
     def dataset(self) -> DatasetTask | None:

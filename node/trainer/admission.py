@@ -112,7 +112,7 @@ class Admission:
             if self.done():
                 return pb.LeaseReply(reason="job_done")
             self._expire_leases(lease_now)
-            if backlog_full(self.ledger.count_pending(self.job_id), self.spec.batch_groups):
+            if backlog_full(self.ledger.count_pending(self.job_id), self.spec.batch_max):
                 # Backpressure: more rollouts would only go stale before a step could use them.
                 return pb.LeaseReply(reason="busy", retry_after_ms=BUSY_RETRY_MS)
             n = max(1, min(req.max_prompts or self.spec.prompts_per_lease, self.spec.prompts_per_lease))

@@ -181,12 +181,12 @@ class JobRuntime:
 
     # ---- batches
     def ready(self) -> bool:
-        """A full batch of trainable groups inside the staleness window is pending (older ones
-        are dropped)."""
+        """A batch of trainable groups inside the staleness window is pending: at least
+        `spec.batch_min` (older ones are dropped)."""
         if self.done:
             return False
         self.ledger.drop_stale(self.job_id, self.version - self.spec.max_async_level, note=STALE_AT_STEP)
-        return self.ledger.count_pending(self.job_id, held_after_ms=self.trainable_cutoff()) >= self.spec.batch_groups
+        return self.ledger.count_pending(self.job_id, held_after_ms=self.trainable_cutoff()) >= self.spec.batch_min
 
     def trainable_cutoff(self) -> int | None:
         """Probation: a group of a peer that no trusted validator has passed yet may be trained
@@ -205,9 +205,10 @@ class JobRuntime:
         return self.ledger.count_pending(self.job_id) - self.ledger.count_pending(self.job_id, held_after_ms=cutoff)
 
     def take_batch(self) -> list[PendingGroup]:
-        """The next `batch_groups` trainable pending groups still inside the staleness window."""
+        """The next trainable pending groups still inside the staleness window, oldest first, at
+        most `spec.batch_max` (elastic intake: with a range, a step takes what is there up to max)."""
         while True:
-            pending = self.ledger.pending(self.job_id, self.spec.batch_groups, held_after_ms=self.trainable_cutoff())
+            pending = self.ledger.pending(self.job_id, self.spec.batch_max, held_after_ms=self.trainable_cutoff())
             stale = [p for p in pending if self.version - min(c.policy_version for c in p.group.completions)
                      > self.spec.max_async_level]
             if not stale:
