@@ -27,6 +27,7 @@ if [ "$BASE" = debootstrap ]; then
     root=$(mktemp -d); trap 'rm -rf "$root"' EXIT
     debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$root" \
       http://deb.debian.org/debian >/dev/null || { say "debootstrap failed: no base image"; exit 3; }
+    chmod 755 "$root"   # mktemp -d makes it 0700, and the tarball's "." becomes the image's /: no user could enter it
     tar -C "$root" -c . | "${pod[@]}" import - "$BASE" >/dev/null
   fi
 fi
