@@ -9,6 +9,7 @@ bash scripts/check.sh
 export SWARMRL_CACHE=${SWARMRL_CACHE:-$PWD/.cache/swarmrl}
 # Everything by default, the red-team drill included (~2 min); for a quick loop skip it with
 # make test ARGS='-m "not slow"'.
+# Every run ends with the 25 slowest tests (--durations), to see where the suite's time goes.
 # The dashboard's browser test drives Debian's Chromium through Playwright: install it quietly
 # where we may (root + apt); never fail the suite if we can't (the test then skips, saying why).
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -41,6 +42,6 @@ if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null && command -v ip >/dev/nu
     rm -f "$need"
   fi
   export SWARMRL_TEST_NETNS=private
-  exec unshare -n sh -c 'ip link set lo up && exec "$@"' sh "$py" -m pytest -q "$@"
+  exec unshare -n sh -c 'ip link set lo up && exec "$@"' sh "$py" -m pytest -q --durations=25 "$@"
 fi
-exec "$py" -m pytest -q "$@"
+exec "$py" -m pytest -q --durations=25 "$@"
