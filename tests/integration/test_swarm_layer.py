@@ -78,8 +78,8 @@ class Swarm:
 
 def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
     """Poll `cond` until it holds. `timeout_s` is a ceiling against a hang, not a speed bound: it
-    returns as soon as the event happens. Agreement ceilings are 180 s since a run at load 13 on
-    2 cores (make test beside other work) took over 60 s for three trainers to agree after a split."""
+    returns as soon as the event happens. Agreement ceilings are 180 s: at 60-90 s they timed out
+    in a make test at load 13 on 2 cores (beside other work)."""
     deadline = time.monotonic() + timeout_s
     while not cond():
         assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f}s waiting for {what}"
