@@ -1,8 +1,10 @@
 """`swarmrl up`: a whole swarm on 127.0.0.1 as separate OS processes, one job, live progress.
 
-Bootstrap -> trainer -> submit the job -> validator + workers -> follow the job -> fetch the
-adapter -> write metrics.csv, reward.png, summary.json (node/local/summary.py) -> stop everything.
-The processes are started and stopped by `LocalSwarm` (node/local/processes.py).
+Bootstrap -> trainer -> submit the job -> validator + workers -> follow the job (node/local/live.py)
+-> fetch the adapter -> write metrics.csv, reward.png, summary.json (node/local/summary.py) -> stop
+everything -> held-out accuracy, base vs adapter (node/evaluation/heldout.py). The processes are
+started and stopped by `LocalSwarm` (node/local/processes.py); on SIGINT / SIGTERM what the run did
+is kept (node/local/interrupt.py).
 """
 
 from __future__ import annotations
