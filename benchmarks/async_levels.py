@@ -35,7 +35,7 @@ def run_level(level: int, seed: int, args: argparse.Namespace, root: Path) -> di
     if not (out / "summary.json").exists():
         run_up(UpOptions(out=out, model=args.model, steps=args.steps, workers=args.workers,
                          max_async_level=level, seed=seed,
-                         job_overrides={"learning_rate": args.lr} if args.lr else {}))
+                         job_overrides={"learning_rate": args.lr} if args.lr else {}, eval_n=0))
     summary = json.loads((out / "summary.json").read_text())
     with open(out / "metrics.csv") as f:
         rows = list(csv.DictReader(f))

@@ -28,7 +28,7 @@ def run_one(codec: str, seed: int, args: argparse.Namespace, root: Path) -> dict
     if args.lr:
         overrides["learning_rate"] = args.lr
     s = run_up(UpOptions(out=out, model=args.model, steps=args.steps, workers=args.workers, seed=seed,
-                         job_overrides=overrides))
+                         job_overrides=overrides, eval_n=0))
     row = {"codec": codec, "seed": seed, "reward_first": s["reward_first"], "reward_last": s["reward_last"],
            "delta_bytes": s["delta_bytes_per_version"], "base_bytes": s["base_model_bytes"],
            "agree": s["adapter_hash_agreement"], "seconds": s["seconds"], "accuracy": None}

@@ -39,7 +39,7 @@ from swarmrl.node.local.up import UpOptions, run_up
 def swarm_row(n: int, steps: int, root: Path, gossip: bool) -> dict:
     out = root / f"w{n}{'' if gossip else '-star'}"
     s = run_up(UpOptions(out=out, model="tiny", steps=steps, workers=n,
-                         worker_overrides=[] if gossip else ["gossip=false"]))
+                         worker_overrides=[] if gossip else ["gossip=false"], eval_n=0))
     versions = max(1, int(s["final_version"]))
     return {"workers": n, "gossip": gossip, "versions": versions, "delta_bytes": s["delta_bytes_per_version"],
             "trainer_per_version": s["trainer_upload_bytes"] / versions,

@@ -300,6 +300,9 @@ def describe_failure(exc: BaseException, args: argparse.Namespace) -> tuple[int,
         where = f"the trainer at {args.trainer}" if getattr(args, "trainer", None) else "the trainer"
         code, details = overloaded
         return EXIT_RUNTIME, f"{where} is overloaded ({code}: {details}); try again later"
+    interrupted = _lazy_class("swarmrl.node.local.interrupt", "UpInterrupted")
+    if interrupted is not None and isinstance(exc, interrupted):
+        return int(exc.code), str(exc)   # type: ignore[attr-defined]
     swarm_failed = _lazy_class("swarmrl.node.local.processes", "SwarmFailed")
     if swarm_failed is not None and isinstance(exc, swarm_failed):
         return EXIT_RUNTIME, f"{str(exc).splitlines()[0]} (logs: {getattr(args, 'out', '.')}/run/logs/)"

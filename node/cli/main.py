@@ -59,6 +59,7 @@ exit codes:
   2    usage or config error: bad option or value, unknown config or job field, missing or
        unreadable file, TOML syntax error, unwritable output folder
   130  interrupted (Ctrl-C)
+  143  stopped by SIGTERM (swarmrl up, after keeping what the run did)
 Each failure is one line on stderr; SWARMRL_TRACEBACK=1 shows the traceback too.
 """
 
@@ -66,6 +67,11 @@ UP_EPILOG = """\
 job fields: --steps, --seed, --loss and --max-async-level set the job fields steps, seed,
 loss.variant and max_async_level; -j sets any job field. A field given both ways is refused
 (give it once); -j loss.eps_low=... combines with --loss (different fields).
+
+at the end: held-out accuracy, greedy, of the base model and of the adapter on --eval-n prompts
+(as `swarmrl eval`), in summary.json and as the last line; --no-eval skips it. Interrupted
+(Ctrl-C: 130, SIGTERM: 143), up keeps the newest adapter, metrics.csv and a summary.json marked
+"interrupted" in --out.
 
 """ + EPILOG
 
@@ -207,6 +213,9 @@ def _up_parser(sub: SubParsers) -> None:
                     help="run the roles on a test bed of Linux network namespaces (root): a slow lossy link, "
                          "a worker behind NAT (node/local/netns.py)")
     up.add_argument("--tls", action="store_true", help="trainers serve gRPC over TLS, pinned by the signed job record")
+    up.add_argument("--eval-n", type=int_at_least(1), default=200,
+                    help="held-out prompts scored at the end, base vs adapter (greedy)")
+    up.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation at the end")
     up.add_argument("-j", "--job", dest="job_overrides", action="append", default=[], metavar="FIELD=VALUE",
                     help="override a built-in job field (dotted fields, JSON values), repeatable")
 
@@ -336,7 +345,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                      cache_dir=args.cache_dir, threads=threads, timeout_s=args.timeout, red_team=red_team,
                      job_overrides=job, job_file=args.job_file,
                      worker_overrides=[f"backend={json.dumps(args.backend)}"], netns=args.netns, tls=args.tls,
-                     **flags)
+                     eval_n=0 if args.no_eval else args.eval_n, **flags)
     if args.job_file is None and opts.model is None:
         opts.model = "gemma"
     run_up(opts)

@@ -90,19 +90,27 @@ def check_episode(console: Console, tokenizer: Any, env: EpisodeEnv, prompt: Pro
     render_episode(console, tokenizer, traces[0][0])
 
 
-def run_episode_eval(backend: InferenceBackend, env: EpisodeEnv, spec: Any, prompts: Sequence[PromptSpec],
-                     adapter_dir: Path, adapter: str, model_name: str) -> tuple[Any, Any]:
-    """`swarmrl eval` on a multi-turn job: base vs adapter greedy episodes on the held-out
-    prompts; prints the table and one JSON line; the solve rates go into the model card."""
-    from swarmrl.node.models.card import add_heldout
+def score_episodes(backend: InferenceBackend, env: EpisodeEnv, spec: Any, prompts: Sequence[PromptSpec],
+                   adapter: str) -> tuple[EpisodeEval, EpisodeEval]:
+    """(base, adapter slot `adapter`) greedy episodes of job `spec` on `prompts`, with the job's
+    turn and token limits, per-turn budget, stops and chat template."""
     from swarmrl.protocol.episode_limits import episode_limits
 
     limits = episode_limits(spec, env)
     assert limits is not None
     kw = {"limits": limits, "max_new_tokens": spec.sampling.max_new_tokens, "stop": tuple(spec.sampling.stop),
           "chat_template": spec.chat_template}
-    base = evaluate_episodes(backend, env, prompts, None, **kw)
-    tuned = evaluate_episodes(backend, env, prompts, adapter, **kw)
+    return (evaluate_episodes(backend, env, prompts, None, **kw),
+            evaluate_episodes(backend, env, prompts, adapter, **kw))
+
+
+def run_episode_eval(backend: InferenceBackend, env: EpisodeEnv, spec: Any, prompts: Sequence[PromptSpec],
+                     adapter_dir: Path, adapter: str, model_name: str) -> tuple[Any, Any]:
+    """`swarmrl eval` on a multi-turn job: base vs adapter greedy episodes on the held-out
+    prompts; prints the table and one JSON line; the solve rates go into the model card."""
+    from swarmrl.node.models.card import add_heldout
+
+    base, tuned = score_episodes(backend, env, spec, prompts, adapter)
     table = Table(title=f"held-out {env.name} episodes, greedy, n={len(prompts)} ({model_name})")
     for col in ("model", "solve rate", "mean turns", "tool-call rate", "mean reward"):
         table.add_column(col)

@@ -1,14 +1,15 @@
 """`swarmrl up`: a whole swarm on 127.0.0.1 as separate OS processes, one job, live progress.
 
-Bootstrap -> trainer -> submit the job -> validator + workers -> follow the job -> fetch the
-adapter -> write metrics.csv, reward.png, summary.json (node/local/summary.py) -> stop everything.
-The processes are started and stopped by `LocalSwarm` (node/local/processes.py).
+Bootstrap -> trainer -> submit the job -> validator + workers -> follow the job (node/local/live.py)
+-> fetch the adapter -> write metrics.csv, reward.png, summary.json (node/local/summary.py) -> stop
+everything -> held-out accuracy, base vs adapter (node/evaluation/heldout.py). The processes are
+started and stopped by `LocalSwarm` (node/local/processes.py); on SIGINT / SIGTERM what the run did
+is kept (node/local/interrupt.py).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import shutil
 import signal
 import subprocess
@@ -18,14 +19,22 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import grpc
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Column
 
 from swarmrl.node.local.endpoints import collect_endpoints, describe, write_endpoints
+from swarmrl.node.local.interrupt import (
+    RunSoFar,
+    Signalled,
+    UpInterrupted,
+    interrupted_line,
+    keep_what_it_did,
+    saving,
+    signal_of,
+    warm_plotting,
+)
+from swarmrl.node.local.live import LiveLine, follow
 from swarmrl.node.local.netns import swarm_for_up
-from swarmrl.node.local.processes import LocalSwarm, SwarmFailed, signal_handler
+from swarmrl.node.local.processes import LocalSwarm, signal_handler
 from swarmrl.node.local.summary import print_summary, red_team_summary, summarize, write_outputs
 from swarmrl.node.models.base_model import (
     find_base_model,
@@ -69,37 +78,74 @@ class UpOptions:
     job_file: Path | None = None   # JOB.toml as `swarmrl submit` takes it (None: the built-in job on `model`)
     netns: bool = False   # roles on a test bed of network namespaces (node/local/netns.py) instead of loopback
     tls: bool = False     # trainers serve gRPC over TLS (pinned self-signed certificates, node/net/tls.py)
+    eval_n: int = 200     # held-out prompts scored, base vs adapter, once the swarm has stopped (0: no eval)
 
 
 def run_up(opts: UpOptions) -> dict[str, Any]:
-    """Run the local swarm to the end of its job; returns the summary (also written to out/).
-    On failure or Ctrl-C every role is stopped, and `out` is removed if this call created it
-    and nothing was written in it."""
+    """Run the local swarm to the end of its job, then score the adapter on held-out prompts;
+    returns the summary (also written to out/).
+
+    On a failure every role is stopped, and `out` is removed if this call created it and
+    nothing was written in it. On SIGINT / SIGTERM the roles are stopped and what the run did is
+    kept (node/local/interrupt.py).
+
+    Raises:
+        UpInterrupted: after a signal, with the exit code and the line to print.
+    """
     created = not opts.out.exists()
+    run = RunSoFar(opts.out)
     try:
-        with signal_handler(signal.SIGTERM, _exit_on_sigterm):   # unwind through stop_all, as on Ctrl-C
-            return _run_up(opts)
-    except BaseException:
+        with signal_handler(signal.SIGTERM, _raise_signalled):   # unwind through stop_all, as on Ctrl-C
+            summary = _run_up(opts, run)
+            return _headline(summary, opts, run)
+    except (KeyboardInterrupt, Signalled) as exc:
+        signum = signal_of(exc)   # outside the swarm's block, or a second signal after the saving
+        raise UpInterrupted(128 + signum, interrupted_line(signum, run)) from None
+    finally:
         if created and opts.out.is_dir() and not any(p.is_file() for p in opts.out.rglob("*")):
             shutil.rmtree(opts.out, ignore_errors=True)
-        raise
 
 
-def _run_up(opts: UpOptions) -> dict[str, Any]:
+def _run_up(opts: UpOptions, run: RunSoFar) -> dict[str, Any]:
     opts.out.mkdir(parents=True, exist_ok=True)
     work = opts.out / "run"
     shutil.rmtree(work, ignore_errors=True)  # a fresh swarm (keys, ledger, logs) every time
     with console.status("preparing the base model and the job (cached after the first run)"):
         spec, dataset = _up_job(opts)
+    run.spec, run.dataset = spec, dataset
     with swarm_for_up(work, netns=opts.netns, tls=opts.tls) as swarm:
         try:
-            return _drive(swarm, spec, opts, work, dataset)
+            return _drive(swarm, spec, opts, work, dataset, run)
+        except (KeyboardInterrupt, Signalled) as exc:
+            signum = signal_of(exc)
+            with saving():   # a second signal can't cut this short
+                warm_plotting()
+                swarm.stop_all()
+                run.kept = keep_what_it_did(run, signal.Signals(signum).name)
+            raise UpInterrupted(128 + signum, interrupted_line(signum, run)) from None
         finally:
             swarm.stop_all()
 
 
-def _exit_on_sigterm(signum: int, _frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
+def _raise_signalled(signum: int, _frame: FrameType | None) -> None:
+    raise Signalled(signum)
+
+
+def _headline(summary: dict[str, Any], opts: UpOptions, run: RunSoFar) -> dict[str, Any]:
+    """Held-out accuracy, greedy, of the base model and of the final adapter, into summary.json
+    and as the last line printed (`--no-eval`: neither)."""
+    if not opts.eval_n or run.spec is None:
+        return summary
+    from swarmrl.node.evaluation.heldout import heldout_of_job
+
+    with console.status(f"held-out evaluation: base vs adapter on {opts.eval_n} prompts (greedy)"):
+        base, tuned = heldout_of_job(opts.out / "adapter", run.spec, run.dataset, n=opts.eval_n,
+                                     cache_dir=opts.cache_dir)
+    summary.update(heldout_accuracy_base=base.accuracy, heldout_accuracy_adapter=tuned.accuracy, heldout_n=tuned.n)
+    (opts.out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    console.print(f"held-out accuracy, greedy: base {base.accuracy:.3f} -> adapter {tuned.accuracy:.3f} (n={tuned.n})",
+                  markup=False, highlight=False)
+    return summary
 
 
 def _up_job(opts: UpOptions) -> tuple[JobSpec, bytes | None]:
@@ -161,11 +207,12 @@ def _job_environments(spec: JobSpec) -> list[str]:
 
 
 def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path,
-           dataset: bytes | None = None) -> dict[str, Any]:
+           dataset: bytes | None, run: RunSoFar) -> dict[str, Any]:
     workers = [f"worker{i}" for i in range(opts.workers)]
     adversaries = {f"redteam-{check_mode(m)}": m for m in opts.red_team}   # one adversarial worker per mode
     trainers = trainer_names(max(1, opts.trainers))
     keys = _keys(work, ["submitter", *trainers, "validator", *workers, *adversaries])
+    run.keys, run.trainer_dir = keys, work / trainers[0]
     cache = [f"cache_dir={json.dumps(str(opts.cache_dir))}"] if opts.cache_dir else []
     runs = _job_environments(spec)
     swarm.start("bootstrap", "bootstrap", [f"ready_file={json.dumps(str(work / 'bootstrap.ready'))}"])
@@ -202,19 +249,22 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path,
         envelope = sign_job(keys["submitter"], spec, dataset)
         job_ids = {submit_signed(ep, envelope) for ep in endpoints}   # the same signed job: one job id
         job_id = job_ids.pop()
+    run.job_id = job_id
     swarm.wait_ready("validator", work / "validator.ready")
     ops = collect_endpoints(work, [*trainers, "validator", *workers, *adversaries], job_id)
     write_endpoints(work, ops)
     console.print(describe(ops))
     t0 = time.monotonic()
     disk = DiskWatch([work / t for t in trainers])
-    status = _follow(swarm, endpoint, job_id, spec, opts.timeout_s, watch=["bootstrap", *trainers, "validator"],
-                     disk=disk)
-    adapter_dir = opts.out / "adapter"
-    version, adapter_hash = fetch_job_adapter(endpoint, job_id, adapter_dir, opts.cache_dir)
-    workers_state = _wait_workers(swarm, [*workers, *adversaries], work)
-    adversaries_state = {a: workers_state.pop(a) for a in adversaries}
-    status = _settle_validator(endpoint, job_id, spec)
+    with LiveLine(console, spec.steps) as live:
+        status = follow(swarm, endpoint, job_id, spec, opts.timeout_s, live, watch=["bootstrap", *trainers, "validator"],
+                        disk=disk)
+        adapter_dir = opts.out / "adapter"
+        version, adapter_hash = fetch_job_adapter(endpoint, job_id, adapter_dir, opts.cache_dir)
+        workers_state = _wait_workers(swarm, [*workers, *adversaries], work)
+        adversaries_state = {a: workers_state.pop(a) for a in adversaries}
+        status = _settle_validator(endpoint, job_id, spec)
+        live.finish(status)   # the last line shows the snapshot the summary is written from
     summary = summarize(status, spec, job_id, version, adapter_hash, workers_state, keys, time.monotonic() - t0)
     summary.update(red_team_summary(status, adversaries, adversaries_state, keys, workers))
     summary["disk"] = disk.report()
@@ -227,6 +277,7 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path,
     summary["adapter_hash_agreement"] = summary["adapter_hash_agreement"] and figures["trainers_agree"] and all(
         t["hash"] == adapter_hash.hex() for t in figures["trainer_adapters"].values())
     write_outputs(opts.out, status, summary)
+    run.finished = True
     print_summary(summary, opts.out, console)
     return summary
 
@@ -257,49 +308,6 @@ class DiskWatch:
         now = self.sample()
         return {"trainer_bytes": now, "trainer_peak_bytes": self.peak,
                 "by_trainer": {f.name: disk_use(f) for f in self.folders if f.exists()}}
-
-
-def _follow(swarm: LocalSwarm, endpoint: str, job_id: str, spec: JobSpec, timeout_s: float,
-            watch: list[str] | None = None, disk: DiskWatch | None = None) -> pb.JobStatus:
-    """Show live progress until the job is done; returns the final status (full history).
-    The status line wraps rather than being cut at the terminal's width."""
-    columns = [TextColumn("[bold]training"), BarColumn(bar_width=16), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("{task.fields[info]}", table_column=Column(ratio=1, no_wrap=False, overflow="fold"))]
-    deadline = time.monotonic() + timeout_s
-    with Progress(*columns, console=console, transient=False, expand=True) as progress:
-        task = progress.add_task("steps", total=spec.steps, info="waiting for rollouts")
-        while True:
-            swarm.check_alive(watch or ["bootstrap", "trainer", "validator"])
-            try:
-                st = job_status(endpoint, job_id, history=1)
-            except grpc.RpcError as exc:   # a busy trainer on a loaded machine: ask again (its death
-                if exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
-                    raise                  # is check_alive's to report)
-                console.print(f"[yellow]status:[/] {exc.code().name}; asking again")
-                if time.monotonic() > deadline:
-                    raise SwarmFailed(f"job not done after {timeout_s:.0f}s (trainer not answering)") from exc
-                time.sleep(2.0)
-                continue
-            progress.update(task, completed=st.step, info=_progress_info(st))
-            if disk is not None:
-                disk.sample()
-            if st.state == "done":
-                return job_status(endpoint, job_id, history=spec.steps)
-            if time.monotonic() > deadline:
-                raise SwarmFailed(f"job not done after {timeout_s:.0f}s (step {st.step}/{st.total_steps})")
-            time.sleep(0.5)
-
-
-def _progress_info(st: pb.JobStatus) -> str:
-    """The live status line: the reward and staleness are the last step's (summary.json's
-    `reward_last` is a mean over the last `reward_window` steps)."""
-    rejected = sum(st.groups_rejected.values())
-    last = st.history[-1] if st.history else None
-    reward = f"{last.reward_mean:.3f}" if last and not math.isnan(last.reward_mean) else "-"
-    stale = f"{last.staleness_mean:.2f}" if last else "-"
-    return (f"v{st.policy_version}  last step: reward {reward}, staleness {stale}  groups: {st.groups_admitted} "
-            f"admitted, {rejected} rejected, {st.validator_checked} checked"
-            + (f", {st.groups_on_probation} on probation" if st.groups_on_probation else ""))
 
 
 def _settle_validator(endpoint: str, job_id: str, spec: JobSpec, timeout_s: float = 30) -> pb.JobStatus:

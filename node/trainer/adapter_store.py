@@ -173,11 +173,23 @@ class AdapterStore:
         return self._get(f"d{to_version}")
 
     def snapshot(self, version: int) -> StoredUpdate | None:
-        """A signed snapshot of `version`, rebuilt from the nearest older snapshot if needed."""
+        """A signed snapshot of `version`, rebuilt from the nearest older snapshot if needed
+        (`state_at`) and then cached."""
         with self._lock:
             stored = self._get(f"s{version}")
             if stored is not None:
                 return stored
+            state = self.state_at(version)
+            if state is None:
+                return None
+            self.put_snapshot(version, state)
+            return self._get(f"s{version}")
+
+    def state_at(self, version: int) -> ad.State | None:
+        """The adapter of `version`: its stored snapshot, or the nearest older one with the
+        deltas after it applied (exactly as every replica applies them); None when the chain
+        is not stored. Writes nothing."""
+        with self._lock:
             base = max((v for v in self._versions("s") if v <= version), default=None)
             if base is None:
                 return None
@@ -189,8 +201,7 @@ class AdapterStore:
                 if d is None:
                     return None
                 state = ad.apply_delta(state, dc.decode_delta(d.payload))
-            self.put_snapshot(version, state)
-            return self._get(f"s{version}")
+            return state
 
     def updates(self, req: pb.AdapterRequest, head: int) -> Iterator[StoredUpdate]:
         """What `FetchAdapter` serves: deltas have_version -> wanted version (absent = `head`),

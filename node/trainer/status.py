@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     import hivemind
 
     from swarmrl.node.trainer.job import JobRuntime
+    from swarmrl.node.trainer.ledger import Ledger
     from swarmrl.protocol.jobspec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -28,15 +29,10 @@ def job_status(job: JobRuntime, history: int, verdicts: int = 0, holders: bool =
     """The job's status with its last `history` step rows (0: none), its newest `verdicts`
     validator verdicts and, with `holders`, who announces which delta version (a DHT read)."""
     ledger, job_id = job.ledger, job.job_id
-    counts = ledger.group_counts(job_id)
-    checked, failed = ledger.verdict_counts(job_id)
     st = pb.JobStatus(
         job_id=job_id, state="done" if job.done else "running", policy_version=job.version,
         step=job.version, total_steps=job.spec.steps, adapter_hash=job.head_hash,
-        groups_admitted=sum(counts.values()), groups_dropped=counts.get("dropped", 0),
-        validator_checked=checked, validator_failed=failed, trainer_id=job.identity.peer_id,
-        groups_dropped_banned=ledger.dropped_banned(job_id),
-        groups_on_probation=job.groups_on_probation(),
+        trainer_id=job.identity.peer_id, groups_on_probation=job.groups_on_probation(),
         spec_json=job.spec.canonical_json(),
         adapter_bytes=sum(t.numel() * 4 for t in job.head_state.values()),
     )
@@ -45,12 +41,10 @@ def job_status(job: JobRuntime, history: int, verdicts: int = 0, holders: bool =
     st.delta_bytes.extend(job.store.delta_sizes(job.version))
     if job.cotraining is not None:
         job.cotraining.swarm.fill_status(st)
-    st.groups_rejected.update(ledger.rejection_counts(job_id))
+    fill_from_ledger(st, ledger, job_id, history)
     with job.admission.gate:
         st.refused.update(job.admission.refused)
     st.peers.extend(peer_infos(job))
-    for row in ledger.steps(job_id)[-history:] if history else []:
-        st.history.append(step_metrics(row))
     if verdicts:
         st.recent_verdicts.extend(ledger.recent_verdicts(job_id, min(verdicts, 1000)))
     if holders and job.cotraining is not None:
@@ -58,6 +52,20 @@ def job_status(job: JobRuntime, history: int, verdicts: int = 0, holders: bool =
     if job.cotraining is not None:
         fill_serving(st, job.spec, job.cotraining.swarm.dht)
     return st
+
+
+def fill_from_ledger(st: pb.JobStatus, ledger: Ledger, job_id: str, history: int) -> None:
+    """Set the figures `st` takes from the ledger alone (groups admitted, dropped and rejected,
+    validator verdicts, the last `history` step rows; 0: none): a running trainer's status, and
+    what an interrupted `swarmrl up` reads from a stopped trainer's state folder."""
+    counts = ledger.group_counts(job_id)
+    checked, failed = ledger.verdict_counts(job_id)
+    st.groups_admitted, st.groups_dropped = sum(counts.values()), counts.get("dropped", 0)
+    st.validator_checked, st.validator_failed = checked, failed
+    st.groups_dropped_banned = ledger.dropped_banned(job_id)
+    st.groups_rejected.update(ledger.rejection_counts(job_id))
+    for row in ledger.steps(job_id)[-history:] if history else []:
+        st.history.append(step_metrics(row))
 
 
 def fill_serving(st: pb.JobStatus, spec: JobSpec, dht: hivemind.DHT, max_age_s: float = 5.0) -> None:

@@ -57,7 +57,7 @@ def swarm(tmp_path, model_cache):
     log = open(tmp_path / "up.log", "w")  # noqa: SIM115 - closed after the swarm stops
     proc = subprocess.Popen(
         [sys.executable, "-m", "swarmrl.node.cli.main", "up", "--model", "tiny", "--steps", str(STEPS), "--workers", "2",
-         "--out", str(out), "--cache-dir", str(model_cache), "--timeout", "600"],
+         "--out", str(out), "--cache-dir", str(model_cache), "--timeout", "600", "--no-eval"],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         yield out, proc

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _up(job: str, out: Path, cache: Path, *extra: str) -> dict:
     run = subprocess.run([sys.executable, "-m", "swarmrl.node.cli.main", "up", str(ROOT / "tests" / "fixtures" / "jobs" / job),
-                          "--model", "tiny", "--out", str(out), "--cache-dir", str(cache), "--timeout", "600", *extra],
+                          "--model", "tiny", "--out", str(out), "--cache-dir", str(cache), "--timeout", "600", "--no-eval", *extra],
                          capture_output=True, text=True, timeout=900, check=False)
     if run.returncode != 0:
         logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in (out / "run" / "logs").glob("*.log"))

@@ -264,7 +264,7 @@ def test_up_leaves_no_process_behind(tmp_path, model_cache, sig):
     out = tmp_path / "up"
     with open(tmp_path / "up.log", "wb") as log:
         up = subprocess.Popen([sys.executable, "-m", "swarmrl.node.cli.main", "up", "--model", "tiny", "--steps", "1000",
-                               "--workers", "1", "--out", str(out), "--cache-dir", str(model_cache)],
+                               "--workers", "1", "--out", str(out), "--cache-dir", str(model_cache), "--no-eval"],
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     tree: list[int] = []
     try:

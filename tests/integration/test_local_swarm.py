@@ -1,11 +1,13 @@
 """End to end: `swarmrl up --model tiny` as real processes on loopback (bootstrap, trainer,
-two workers, validator), then check versions, admission, rewards, hash agreement and that
-the exported adapter loads with peft."""
+two workers, validator), then check versions, admission, rewards, hash agreement, that
+the exported adapter loads with peft, that the last status line agrees with summary.json and
+that the run ends with the held-out figure."""
 
 from __future__ import annotations
 
 import csv
 import json
+import re
 import subprocess
 import sys
 
@@ -18,6 +20,7 @@ from swarmrl.node.models.causal_lm import load_causal_lm
 
 pytestmark = pytest.mark.integration
 STEPS = 4
+EVAL_N = 50
 
 
 @pytest.fixture(scope="module")
@@ -25,9 +28,11 @@ def run_dir(tmp_path_factory, model_cache):
     out = tmp_path_factory.mktemp("up")
     proc = subprocess.run(
         [sys.executable, "-m", "swarmrl.node.cli.main", "up", "--model", "tiny", "--steps", str(STEPS),
-         "--workers", "2", "--out", str(out), "--cache-dir", str(model_cache), "--timeout", "600"],
+         "--workers", "2", "--out", str(out), "--cache-dir", str(model_cache), "--timeout", "600",
+         "--eval-n", str(EVAL_N)],
         capture_output=True, text=True, timeout=900, check=False,
     )
+    (out / "up.stderr").write_text(proc.stderr)
     if proc.returncode != 0:
         logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in (out / "run" / "logs").glob("*.log"))
         pytest.fail(f"swarmrl up failed ({proc.returncode}):\n{proc.stderr[-4000:]}\n{logs}")
@@ -73,3 +78,24 @@ def test_exported_adapter_loads_with_peft(run_dir, model_cache):
     ids = torch.tensor([tok("Question: What is 1+2?").input_ids])
     with torch.no_grad():
         assert torch.isfinite(model(ids).logits).all()
+
+
+def test_the_last_status_line_shows_the_summarys_figures(run_dir):
+    """The last live line and summary.json come from one status snapshot (issue 28 item 5a)."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    lines = re.findall(r"^training (\d+)/(\d+) .*groups: (\d+) admitted, (\d+) rejected, (\d+) checked",
+                       (run_dir / "up.stderr").read_text(), re.MULTILINE)
+    step, total, admitted, rejected, checked = (int(x) for x in lines[-1])
+    assert (step, total) == (summary["steps"], STEPS)
+    assert (admitted, rejected, checked) == (summary["groups_admitted"], sum(summary["groups_rejected"].values()),
+                                            summary["validator"]["checked"])
+
+
+def test_up_ends_with_the_heldout_accuracy_of_base_and_adapter(run_dir):
+    summary = json.loads((run_dir / "summary.json").read_text())
+    base, tuned, n = summary["heldout_accuracy_base"], summary["heldout_accuracy_adapter"], summary["heldout_n"]
+    assert n == EVAL_N and 0.0 <= base <= 1.0 and 0.0 <= tuned <= 1.0
+    last = (run_dir / "up.stderr").read_text().splitlines()[-1]
+    assert last == f"held-out accuracy, greedy: base {base:.3f} -> adapter {tuned:.3f} (n={EVAL_N})"
+    card = json.loads((run_dir / "adapter" / "swarmrl.json").read_text())
+    assert card["heldout"] == {"base_accuracy": base, "adapter_accuracy": tuned, "n": EVAL_N}

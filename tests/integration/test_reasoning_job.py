@@ -27,7 +27,7 @@ def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess:
 def test_up_trains_a_reasoning_gym_job_with_long_completions(tmp_path: Path, model_cache: Path) -> None:
     run = tmp_path / "run"
     up = _run(["-m", "swarmrl.node.cli.main", "up", str(JOB), "--model", "tiny", "--workers", "2", "--out", str(run),
-               "--cache-dir", str(model_cache), "--timeout", "900"], 1200)
+               "--cache-dir", str(model_cache), "--timeout", "900", "--no-eval"], 1200)
     if up.returncode != 0:
         logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in (run / "run" / "logs").glob("*.log"))
         pytest.fail(f"swarmrl up failed ({up.returncode}):\n{up.stderr[-3000:]}\n{logs}")
