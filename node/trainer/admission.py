@@ -272,10 +272,13 @@ class Admission:
 
     def apply_verdicts(self, validator_id: str, report: pb.VerdictReport) -> list[str]:
         """Record a trusted validator's verdicts; ban peers with a failed banning check. Returns
-        the newly banned peers."""
-        self.ledger.add_verdicts(self.job_id, validator_id, report.verdicts, self.now_ms())
+        the newly banned peers.
+
+        Only verdicts the ledger newly recorded are acted on: a report delivered twice (a retry
+        after a lost ack, or a replay) counts once, so replaying it after the ban it caused has
+        expired does not ban the peer again."""
         newly = []
-        for v in report.verdicts:
+        for v in self.ledger.add_verdicts(self.job_id, validator_id, report.verdicts, self.now_ms()):
             if not v.passed and v.check in BANNING_CHECKS and v.peer_id not in self.banned:
                 self.ban(v.peer_id, f"{v.check}: {v.detail}")
                 newly.append(v.peer_id)
