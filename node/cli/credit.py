@@ -1,5 +1,5 @@
 """`swarmrl worker --credit`: the worker's credit per job, read from the trainer-signed receipts
-it kept (`node.worker.receipts`), printed as a table; nothing is started."""
+it kept (`node.worker.receipts`), one line per job with its whole id; nothing is started."""
 
 from __future__ import annotations
 
@@ -21,9 +21,6 @@ def print_credit(cfg: WorkerConfig) -> int:
     Raises:
         UsageError: no key at `cfg.key` (no worker ran with it), or the receipts file is not one.
     """
-    from rich.console import Console
-    from rich.table import Table
-
     from swarmrl.node.models.base_model import default_cache_dir
     from swarmrl.node.worker.receipts import ReceiptStore, receipts_path
     from swarmrl.protocol.identity import Identity
@@ -33,9 +30,8 @@ def print_credit(cfg: WorkerConfig) -> int:
                          "(give the worker's key with -o key=PATH or --config)")
     peer_id = Identity.load(cfg.key).peer_id
     path = receipts_path(cfg.cache_dir or default_cache_dir(), peer_id)
-    console = Console()
     if not path.is_file():
-        console.print(f"worker {peer_id}: no receipts yet ({path})", markup=False)
+        print(f"worker {peer_id}: no receipts yet ({path})")
         return 0
     try:
         store = ReceiptStore(path)
@@ -43,10 +39,8 @@ def print_credit(cfg: WorkerConfig) -> int:
         store.close()
     except sqlite3.DatabaseError as exc:
         raise UsageError(f"{str(path)!r} is not a receipts file ({exc})") from exc
-    table = Table("job", "groups admitted", "groups sent", "batches", "trainers", "first", "last",
-                  title=f"worker {peer_id}: credit from trainer-signed receipts ({path})")
+    print(f"worker {peer_id}: credit from trainer-signed receipts ({path})")
     for c in credit:
-        table.add_row(c.job_id, str(c.admitted), str(c.groups), str(c.batches), str(c.trainers), _utc(c.first_ms),
-                      _utc(c.last_ms))
-    console.print(table)
+        print(f"job {c.job_id}: {c.admitted} groups admitted of {c.groups} sent, {c.batches} batches, "
+              f"{c.trainers} trainer{'s' * (c.trainers != 1)}, {_utc(c.first_ms)} to {_utc(c.last_ms)}")
     return 0
