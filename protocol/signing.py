@@ -25,8 +25,9 @@ ADAPTER_UPDATE = "adapter-update"
 VERDICTS = "verdicts"
 DELTA_HOLDER = "delta-holder"
 WORKER_ENVS = "worker-envs"
+BATCH_RECEIPT = "batch-receipt"
 DOMAINS = frozenset({JOB, JOB_RECORD, LEASE_REQUEST, ROLLOUT_BATCH, ADAPTER_UPDATE, VERDICTS, DELTA_HOLDER,
-                     WORKER_ENVS})
+                     WORKER_ENVS, BATCH_RECEIPT})
 
 M = TypeVar("M", bound=Message)
 

@@ -2,6 +2,7 @@
 
     swarmrl keygen KEYFILE
     swarmrl bootstrap|trainer|worker|validator [--config FILE] [-o key=value ...] [--dry-run]
+    swarmrl worker --credit [--config FILE] [-o key=value ...]
     swarmrl submit JOB.toml --trainer HOST:PORT
     swarmrl status JOB --trainer HOST:PORT
     swarmrl fetch JOB --trainer HOST:PORT --out DIR
@@ -136,7 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     k = _add(sub, "keygen", "create an Ed25519 key file (mode 0600) and print its peer id")
     k.add_argument("path", type=Path, help="key file to create (never overwritten)")
     for name, (_, _, help_) in ROLES.items():
-        _role_parser(sub, name, help_)
+        role = _role_parser(sub, name, help_)
+        if name == "worker":
+            role.add_argument("--credit", action="store_true",
+                              help="print this worker's credit per job from its trainer-signed receipts, then exit")
     s = _add(sub, "submit", "sign and submit a job TOML to a trainer; prints the job id")
     s.add_argument("job", type=existing_file,
                    help="job TOML: base_model (default tiny) and any JobSpec field overriding the built-in job")
@@ -266,6 +270,9 @@ def cmd_role(args: argparse.Namespace) -> int:
 
     cls, module, _ = ROLES[args.command]
     cfg = _resolve(cls, args)
+    if isinstance(cfg, cfgmod.WorkerConfig) and args.credit:
+        from swarmrl.node.cli.credit import print_credit
+        return print_credit(cfg)
     if isinstance(cfg, cfgmod.WorkerConfig):
         check_model_available(cfg.base_model, cfg.cache_dir)
     if args.dry_run:

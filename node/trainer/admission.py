@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable
 from swarmrl.node.trainer.bans import BanBook
 from swarmrl.node.trainer.ledger import Ledger
 from swarmrl.protocol import admission as adm
-from swarmrl.protocol import signing
+from swarmrl.protocol import receipts, signing
+from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.leases import BUSY_RETRY_MS, LeaseBook, backlog_full
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -43,12 +44,15 @@ class Admission:
     monotonic: seconds on a clock that never jumps: lease deadlines and expiry, so a wall clock
         stepped by an hour either way changes neither. Default time.monotonic, or `clock` itself
         when that is a test's clock (one clock drives both unless a test passes two).
+    identity: the trainer's key, which signs the receipt of every accepted batch
+        (`protocol.receipts`).
     """
 
     def __init__(self, job_id: str, spec: JobSpec, ledger: Ledger, *, limits: adm.AdmissionLimits,
                  prompt_ids: Callable[[Iterable[int]], dict[int, list[int]]], version: Callable[[], int], done: Callable[[], bool],
-                 prompt_shard: tuple[int, int] = (0, 1), clock: Clock, monotonic: Clock | None = None) -> None:
-        self.job_id, self.spec, self.ledger, self.limits = job_id, spec, ledger, limits
+                 identity: Identity, prompt_shard: tuple[int, int] = (0, 1), clock: Clock,
+                 monotonic: Clock | None = None) -> None:
+        self.job_id, self.spec, self.ledger, self.limits, self.identity = job_id, spec, ledger, limits, identity
         self.prompt_ids, self.version, self.done, self.clock = prompt_ids, version, done, clock
         self.monotonic = monotonic or (time.monotonic if clock is time.time else clock)
         self.leases = LeaseBook(job_id, ttl_ms=int(spec.lease_ttl_s * 1000), shard=prompt_shard)
@@ -149,7 +153,9 @@ class Admission:
               on_verified: Callable[[str], None] | None = None) -> pb.BatchReceipt:
         """Verify and admit one signed rollout batch; every refusal is counted with its reason.
         Admitted groups are in the ledger (durable) before the receipt is returned: the sync
-        waits outside the gate, so batches arriving together share one (`Ledger`).
+        waits outside the gate, so batches arriving together share one (`Ledger`). An accepted
+        batch's answer carries the trainer's signed receipt (`protocol.receipts`), signed after
+        the sync (it promises the groups are on disk) and outside the gate.
 
         on_verified(signer): called once the signature verified, before anything is recorded
         (the service's per-peer rate limit; it may raise to refuse the call).
@@ -184,15 +190,17 @@ class Admission:
                     self._strike(signer, reason, batch.lease_id, count=max(1, len(batch.groups)))
                 return self._refuse(batch_id, signer, reason, max(1, len(batch.groups)))
             assert lease is not None
-            receipt = self._admit_groups(batch_id, envelope, batch, lease, now)
+            answer, receipt = self._admit_groups(batch_id, envelope, batch, lease, now)
         self.ledger.sync()   # on disk before the receipt; outside the gate, so the next batch's commit shares the sync
-        return receipt
+        answer.signed.CopyFrom(receipts.sign_receipt(self.identity, receipt))
+        return answer
 
     def _admit_groups(self, batch_id: str, envelope: pb.Signed, batch: pb.RolloutBatch, lease: pb.Lease,
-                      now: int) -> pb.BatchReceipt:
+                      now: int) -> tuple[pb.BatchReceipt, pb.AdmissionReceipt]:
         """Check each group; record the batch, its admitted groups, its rejections and (when
         every prompt of the lease is now answered) the lease's closing in ONE ledger transaction,
-        committed but not yet synced: the caller syncs it before answering."""
+        committed but not yet synced: the caller syncs it before answering. Returns the answer
+        and the receipt to sign into it."""
         expected = self.prompt_ids(lease.prompt_indices)
         taken = self.ledger.admitted_among(self.job_id, expected)
         verdicts, admitted, rejected = [], [], Counter[str]()
@@ -215,7 +223,9 @@ class Admission:
         blamed = [v.reason for v in verdicts if is_attributable(v.reason)]
         if blamed:
             self._strike(batch.peer_id, blamed[-1], lease.lease_id, count=len(blamed))
-        return pb.BatchReceipt(batch_id=batch_id, accepted=True, groups=verdicts)
+        receipt = receipts.admission_receipt(batch_id, batch, [g.prompt_index for g in admitted],
+                                             policy_version=version, at_ms=now)
+        return pb.BatchReceipt(batch_id=batch_id, accepted=True, groups=verdicts), receipt
 
     def _private_lease_holder(self, envelope: pb.Signed, named: str) -> str:
         """The peer a batch with a bad signature can be pinned on, or "": the body names an open
@@ -272,10 +282,13 @@ class Admission:
 
     def apply_verdicts(self, validator_id: str, report: pb.VerdictReport) -> list[str]:
         """Record a trusted validator's verdicts; ban peers with a failed banning check. Returns
-        the newly banned peers."""
-        self.ledger.add_verdicts(self.job_id, validator_id, report.verdicts, self.now_ms())
+        the newly banned peers.
+
+        Only verdicts the ledger newly recorded are acted on: a report delivered twice (a retry
+        after a lost ack, or a replay) counts once, so replaying it after the ban it caused has
+        expired does not ban the peer again."""
         newly = []
-        for v in report.verdicts:
+        for v in self.ledger.add_verdicts(self.job_id, validator_id, report.verdicts, self.now_ms()):
             if not v.passed and v.check in BANNING_CHECKS and v.peer_id not in self.banned:
                 self.ban(v.peer_id, f"{v.check}: {v.detail}")
                 newly.append(v.peer_id)

@@ -95,7 +95,7 @@ class JobRuntime:
         self._resume()
         limits = job_limits(spec, self.env, vocab_size(self.learner.model))
         self.admission = Admission(job_id, spec, ledger, limits=limits, prompt_ids=self.prompt_ids_of,
-                                   version=lambda: self.version, done=lambda: self.done,
+                                   version=lambda: self.version, done=lambda: self.done, identity=identity,
                                    prompt_shard=prompt_shard, clock=clock, monotonic=monotonic)
 
     def _resume(self) -> None:

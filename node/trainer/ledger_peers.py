@@ -36,20 +36,24 @@ class PeerTables:
         rows = self._query("SELECT reason, COUNT(*) FROM rejections WHERE job_id = ? GROUP BY reason", (job_id,))
         return Counter({r: n for r, n in rows})
 
-    def add_verdicts(self, job_id: str, validator_id: str, verdicts: Iterable[pb.Verdict], now_ms: int) -> None:
-        """Record validator `validator_id`'s verdicts for the job at unix ms `now_ms`.
+    def add_verdicts(self, job_id: str, validator_id: str, verdicts: Iterable[pb.Verdict], now_ms: int) -> list[pb.Verdict]:
+        """Record validator `validator_id`'s verdicts for the job at unix ms `now_ms`. Returns the
+        verdicts newly recorded, in order: the only ones a caller may act on.
 
-        A verdict the same validator already gave for the same (batch, prompt index) is ignored.
+        A verdict the same validator already gave for the same (batch, prompt index) is ignored
+        (a retried or replayed report, or a repeat inside one report), and is not returned.
         """
+        new = []
         with self._tx() as db:
-            db.executemany(
-                "INSERT OR IGNORE INTO verdicts (job_id, validator_id, peer_id, batch_id, prompt_index, passed, checkname,"
-                " detail, at_ms) VALUES (?,?,?,?,?,?,?,?,?)",
-                [
-                    (job_id, validator_id, v.peer_id, v.batch_id, v.prompt_index, int(v.passed), v.check, v.detail, now_ms)
-                    for v in verdicts
-                ],
-            )
+            for v in verdicts:
+                cur = db.execute(
+                    "INSERT OR IGNORE INTO verdicts (job_id, validator_id, peer_id, batch_id, prompt_index, passed,"
+                    " checkname, detail, at_ms) VALUES (?,?,?,?,?,?,?,?,?)",
+                    (job_id, validator_id, v.peer_id, v.batch_id, v.prompt_index, int(v.passed), v.check, v.detail,
+                     now_ms))
+                if cur.rowcount == 1:
+                    new.append(v)
+        return new
 
     def recent_verdicts(self, job_id: str, limit: int) -> list[pb.VerdictRecord]:
         """The job's newest `limit` verdicts, newest first."""

@@ -40,6 +40,7 @@ from swarmrl.node.swarm.env_records import EnvAnnouncer, env_infos, package_mism
 from swarmrl.node.swarm.gossip import GossipNode, UpdateCache
 from swarmrl.node.worker.engine import EngineFailed
 from swarmrl.node.worker.metrics import retired, worker_metrics
+from swarmrl.node.worker.receipts import ReceiptStore, receipts_path
 from swarmrl.node.worker.red_team import RedTeam
 from swarmrl.node.worker.session import AdapterBehind, JobSession
 from swarmrl.protocol.envs import get_environment, installed_environments
@@ -120,7 +121,9 @@ class Worker:
         self.model_name = names[0]
         self.sha256 = next(iter(self.backends))
         self.backend = self.backends[self.sha256]
-        self.datasets = DatasetStore(default_cache_dir() / "datasets" if cfg.cache_dir is None else cfg.cache_dir / "datasets")
+        cache_dir = default_cache_dir() if cfg.cache_dir is None else cfg.cache_dir
+        self.datasets = DatasetStore(cache_dir / "datasets")
+        self.receipts = ReceiptStore(receipts_path(cache_dir, identity.peer_id))   # the trainers' signed receipts
         self.dataset_stats = DatasetFetchStats()
         self.skipped: dict[str, str] = {}   # job id -> why this worker does not serve it
         self.sessions: dict[str, JobSession] = {}
@@ -149,7 +152,7 @@ class Worker:
                     datasets=self.datasets, dataset_stats=self.dataset_stats, grade_timeout_s=self.cfg.grade_timeout_s,
                     gossip=self.gossip, dht=self.dht if self.gossip is not None else None, max_gap=self.cfg.max_gap,
                     peer_wait_s=self.cfg.peer_wait_s, max_peer_attempts=self.cfg.max_peer_attempts,
-                    wait_rule=self.cfg.wait_rule)
+                    wait_rule=self.cfg.wait_rule, receipts=self.receipts)
             except BaseException:
                 trainer.close()
                 raise
@@ -195,6 +198,10 @@ class Worker:
         served = {j: self.gossip.served_bytes(j) for j in adapters} if self.gossip is not None else {}
         for j, a in adapters.items():
             a["peer_upload_bytes"] = served.get(j, 0)
+        stats = {j: s.stats for j, s in self.retired.items()} | {j: s.stats for j, s in list(self.sessions.items())}
+        for j, st in stats.items():
+            if j in adapters:
+                adapters[j]["receipts"] = {"kept": st.receipts_kept, "refused": dict(st.receipts_refused)}
         out = {"peer_id": self.identity.peer_id, "adapters": adapters, "peer_upload_bytes": sum(served.values()),
                "skipped_jobs": dict(self.skipped), "dataset_sources": dict(self.dataset_stats.sources),
                "dataset_refused": dict(self.dataset_stats.refused), **self.ops_urls}
@@ -299,6 +306,7 @@ class Worker:
             s.close()
         for b in self.backends.values():
             b.close()
+        self.receipts.close()
 
 
 def run(cfg: WorkerConfig) -> None:

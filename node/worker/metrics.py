@@ -1,5 +1,5 @@
 """A worker's Prometheus metrics, read from its job sessions at scrape time: tokens/s, rollouts
-generated, graded, submitted, refused by reason, adapter catch-up latency, version lag, adapter
+generated, graded, submitted, refused by reason, receipts kept and refused, adapter catch-up latency, version lag, adapter
 bytes from peers vs the trainer."""
 
 from __future__ import annotations
@@ -53,6 +53,10 @@ def session_families(f: Families, job_id: str, session: JobSession | SimpleNames
                   {**j, "reason": reason}, n)
     for reason, n in sorted(s.groups_dropped.items()):
         f.counter(P + "groups_dropped_total", "groups generated but never signed, by reason", {**j, "reason": reason}, n)
+    f.counter(P + "receipts_kept_total", "trainer-signed batch receipts verified and kept", j, s.receipts_kept)
+    for reason, n in sorted(s.receipts_refused.items()):
+        f.counter(P + "receipts_refused_total", "batch receipts refused (forged, unsigned, not this batch), by reason",
+                  {**j, "reason": reason}, n)
     f.counter(P + "engine_faults_total", "inference engine failures (each retried after recovery, or the lease skipped)",
               j, s.engine_faults)
     for reason, n in sorted(s.leases_refused.items()):

@@ -29,6 +29,7 @@ from swarmrl.node.tasks.episode_play import grade_rows
 from swarmrl.node.tasks.job_file import grader_for
 from swarmrl.node.worker.engine import with_recovery
 from swarmrl.node.worker.episodes import episode_groups
+from swarmrl.node.worker.receipts import ReceiptStore
 from swarmrl.node.worker.stats import SessionStats
 from swarmrl.protocol import delta_sources, signing
 from swarmrl.protocol.envs import PromptSpec, job_environment
@@ -36,6 +37,7 @@ from swarmrl.protocol.envs.episode import EpisodeEnv
 from swarmrl.protocol.identity import Identity, peer_id_from_public_key
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.receipts import ReceiptError, verify_receipt
 from swarmrl.protocol.updates import AdapterReplica
 
 log = logging.getLogger(__name__)
@@ -64,14 +66,18 @@ class JobSession:
     trainer: the client of the followed trainer (`node.net.trainer_client.WorkerTrainer`: over
         gRPC, `grpc_wire.connect(record, ...)`, or in process, `node.local.inprocess`); the
         session closes it.
+    receipts: where the trainer's verified signed receipts are kept (the worker's credit); None
+        keeps none (they are still verified and counted).
     """
 
     def __init__(self, record: pb.JobRecord, trainer: WorkerTrainer, *, identity: Identity, backend: InferenceBackend,
                  max_prompts: int, grade_timeout_s: float, gossip: GossipNode | None = None,
                  dht: hivemind.DHT | None = None, max_gap: int = MAX_GAP, peer_wait_s: float = 1.0,
                  max_peer_attempts: int = delta_sources.MAX_PEER_ATTEMPTS, wait_rule: str = delta_sources.WAIT_RULE,
-                 datasets: DatasetStore | None = None, dataset_stats: DatasetFetchStats | None = None) -> None:
+                 datasets: DatasetStore | None = None, dataset_stats: DatasetFetchStats | None = None,
+                 receipts: ReceiptStore | None = None) -> None:
         self.spec = JobSpec.from_json(record.spec_json)
+        self.receipts = receipts
         self.identity, self.backend, self.max_prompts = identity, backend, max_prompts
         self.record, self.trainer = record, trainer
         dataset = None
@@ -250,6 +256,8 @@ class JobSession:
         Raises grpc.RpcError when the trainer can't be reached.
         """
         b = self.trainer.submit_rollouts(envelope)
+        if b.accepted:
+            self.keep_receipt(b, envelope)
         reasons = [b.reason] if not b.accepted else [g.reason for g in b.groups if not g.admitted]
         admitted = sum(g.admitted for g in b.groups)
         self.stats.groups_submitted += n_groups
@@ -259,3 +267,21 @@ class JobSession:
         if reasons:
             log.warning("lease %s: %d/%d groups admitted, rejected: %s", lease.lease_id, admitted, n_groups, reasons)
         return RoundResult(lease.lease_id, self.loaded_version, n_groups, admitted, reasons)
+
+    def keep_receipt(self, answer: pb.BatchReceipt, envelope: pb.Signed) -> bool:
+        """Verify the trainer's signed receipt in its `answer` to `envelope` (signed by the trainer
+        this session follows, about this very batch: `protocol.receipts.verify_receipt`) and keep
+        it. A receipt that fails is refused, counted by reason (`stats.receipts_refused`) and
+        logged; the session carries on. Returns whether the receipt verified."""
+        trainer_id = peer_id_from_public_key(bytes(self.record.trainer_public_key))
+        batch_id = signing.envelope_id(envelope)
+        try:
+            verify_receipt(answer, pb.RolloutBatch.FromString(envelope.body), batch_id, trainer_id)
+        except ReceiptError as exc:
+            self.stats.receipts_refused[exc.reason] += 1
+            log.warning("batch %s: receipt refused (%s)", batch_id[:12], exc)
+            return False
+        self.stats.receipts_kept += 1
+        if self.receipts is not None:
+            self.receipts.add(answer.signed)
+        return True

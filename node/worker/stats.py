@@ -1,5 +1,5 @@
 """A worker's per-job tallies, one line at each event of `JobSession`: tokens, rollouts generated,
-graded, submitted, refused by reason, catch-ups. `metrics.py` reads them at scrape time."""
+graded, submitted, refused by reason, receipts, catch-ups. `metrics.py` reads them at scrape time."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ class SessionStats:
     groups_dropped: Counter[str] = field(default_factory=Counter)   # never signed, by reason ("nonfinite_logprobs")
     engine_faults: int = 0          # backend calls that failed with BackendError (each retried or given up)
     leases_refused: Counter[str] = field(default_factory=Counter)   # "busy", "banned", "job_done", ...
+    receipts_kept: int = 0          # trainer-signed batch receipts verified (and stored)
+    receipts_refused: Counter[str] = field(default_factory=Counter)   # by protocol.receipts reason
     catchups: int = 0               # catch-ups that moved the adapter
     catchup_seconds: float = 0.0
     last_catchup_seconds: float = 0.0

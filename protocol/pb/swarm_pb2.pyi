@@ -505,6 +505,7 @@ class BatchReceipt(_message.Message):
     ACCEPTED_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
     GROUPS_FIELD_NUMBER: _builtins.int
+    SIGNED_FIELD_NUMBER: _builtins.int
     batch_id: _builtins.str
     """hex sha256 of the signed body"""
     accepted: _builtins.bool
@@ -512,6 +513,10 @@ class BatchReceipt(_message.Message):
     reason: _builtins.str
     @_builtins.property
     def groups(self) -> _containers.RepeatedCompositeFieldContainer[Global___GroupVerdict]: ...
+    @_builtins.property
+    def signed(self) -> Global___Signed:
+        """Signed(AdmissionReceipt) by the trainer when accepted; unset when refused"""
+
     def __init__(
         self,
         *,
@@ -519,14 +524,67 @@ class BatchReceipt(_message.Message):
         accepted: _builtins.bool = ...,
         reason: _builtins.str = ...,
         groups: _abc.Iterable[Global___GroupVerdict] | None = ...,
+        signed: Global___Signed | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["signed", b"signed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "batch_id", b"batch_id", "groups", b"groups", "reason", b"reason"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accepted", b"accepted", "batch_id", b"batch_id", "groups", b"groups", "reason", b"reason", "signed", b"signed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___BatchReceipt: _TypeAlias = BatchReceipt  # noqa: Y015
+
+@_typing.final
+class AdmissionReceipt(_message.Message):
+    """Signed by the trainer (domain "batch-receipt"), carried in BatchReceipt.signed: what it admitted
+    of one worker's batch, the worker's proof of its contribution (protocol/receipts.py).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    BATCH_ID_FIELD_NUMBER: _builtins.int
+    PEER_ID_FIELD_NUMBER: _builtins.int
+    LEASE_ID_FIELD_NUMBER: _builtins.int
+    ADMITTED_FIELD_NUMBER: _builtins.int
+    GROUPS_FIELD_NUMBER: _builtins.int
+    POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    AT_MS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    batch_id: _builtins.str
+    """hex sha256 of the worker's signed RolloutBatch body"""
+    peer_id: _builtins.str
+    """the worker that signed the batch"""
+    lease_id: _builtins.str
+    groups: _builtins.int
+    """groups in the batch (admitted or not)"""
+    policy_version: _builtins.int
+    """the job's policy version when the batch was admitted"""
+    at_ms: _builtins.int
+    """trainer's clock, unix milliseconds"""
+    @_builtins.property
+    def admitted(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """prompt indices of the admitted groups, in batch order"""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        batch_id: _builtins.str = ...,
+        peer_id: _builtins.str = ...,
+        lease_id: _builtins.str = ...,
+        admitted: _abc.Iterable[_builtins.int] | None = ...,
+        groups: _builtins.int = ...,
+        policy_version: _builtins.int = ...,
+        at_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admitted", b"admitted", "at_ms", b"at_ms", "batch_id", b"batch_id", "groups", b"groups", "job_id", b"job_id", "lease_id", b"lease_id", "peer_id", b"peer_id", "policy_version", b"policy_version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AdmissionReceipt: _TypeAlias = AdmissionReceipt  # noqa: Y015
 
 @_typing.final
 class Receipt(_message.Message):

@@ -54,6 +54,7 @@ CASES = [
     ("peers-malformed", ["bootstrap", "--initial-peers", "bogus"], 2, "not a peer multiaddr", True),
     ("peers-twice", ["trainer", "--initial-peers", PEER, "-o", "net.initial_peers=[]"], 2, "give one", True),
     ("role-unknown-flag", ["worker", "--bogus"], 2, "unrecognized arguments: --bogus", True),
+    ("worker-credit-no-key", ["worker", "--credit", "-o", 'key="{t}/nokey.key"'], 2, "no worker key at", True),
     ("submit-missing-file", ["submit", "nosuch.toml", "--trainer", DEAD], 2, "no such file: 'nosuch.toml'", True),
     ("submit-toml-syntax", ["submit", "{t}/syntax.toml", "--trainer", DEAD], 2, "job file", True),
     ("submit-model", ["submit", "{t}/nomodel.toml", "--trainer", DEAD], 2, "unknown base model 'nosuch'", True),

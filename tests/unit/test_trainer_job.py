@@ -193,8 +193,9 @@ def test_probation_holds_new_peers_groups_until_a_passing_verdict(tmp_path, mode
     assert not job.ready() and job.take_batch() == [] and job.groups_on_probation() == 3
 
     def verdict(who: Identity, passed: bool, check: str) -> pb.Verdict:
-        return pb.Verdict(job_id=job.job_id, peer_id=who.peer_id, batch_id="b", prompt_index=0, passed=passed,
-                          check=check)
+        # one batch per peer (a batch id is the hash of one peer's signed body)
+        return pb.Verdict(job_id=job.job_id, peer_id=who.peer_id, batch_id=f"b-{who.peer_id}", prompt_index=0,
+                          passed=passed, check=check)
 
     job.admission.apply_verdicts("validator", pb.VerdictReport(job_id=job.job_id, verdicts=[verdict(honest, True, "all")]))
     assert job.ready()
