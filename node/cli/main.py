@@ -20,12 +20,13 @@ expected failure is one line on stderr and an exit code (see EPILOG); an unexpec
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn, TypeAlias
+from typing import Any, NoReturn, TypeAlias
 
 from pydantic import BaseModel
 
@@ -85,6 +86,37 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """Exit with code 2 after one line: `swarmrl CMD: message (see swarmrl CMD --help)`."""
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        """Refuse an unknown `--option` by name (with the closest known one) before argparse
+        parses: otherwise `up --stpes 5` reads 5 as the job file and says "no such file: '5'"."""
+        tokens = list(sys.argv[1:] if args is None else args)
+        if (unknown := self._unknown_option(tokens)) is not None:
+            unknown = unknown.split("=", 1)[0]
+            close = difflib.get_close_matches(unknown, self._long_options(), n=1, cutoff=0.6)
+            self.error(f"unknown option {unknown}" + (f"; did you mean {close[0]}?" if close else ""))
+        return super().parse_known_args(tokens, namespace)
+
+    def _unknown_option(self, tokens: list[str]) -> str | None:
+        """The first token argparse would take for an option this parser lacks; a parser with
+        subcommands looks only before its command (the rest is its subcommand's)."""
+        has_commands = any(isinstance(a, argparse._SubParsersAction) for a in self._actions)
+        for token in tokens:
+            if token == "--":
+                return None
+            parsed: Any = self._parse_optional(token)   # None: a positional; else (action, ...) tuple(s)
+            if parsed is None:
+                if has_commands:
+                    return None
+                continue
+            action = parsed[0][0] if isinstance(parsed, list) else parsed[0]
+            if action is None:
+                return token
+        return None
+
+    def _long_options(self) -> list[str]:
+        return [o for a in self._actions for o in a.option_strings if o.startswith("--")]
 
 
 # ---- the parser ----------------------------------------------------------------------------------
