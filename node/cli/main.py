@@ -71,6 +71,13 @@ loss.variant and max_async_level; -j sets any job field. A field given both ways
 """ + EPILOG
 
 
+NATIVE_LOGGING_DEFAULTS = {"GRPC_VERBOSITY": "NONE"}
+"""Environment defaults that keep gRPC core's C++ log lines (`E... add_port.cc:83] Failed to add
+port ...`) out of a person's terminal: every failure we expect is already one line of ours. A
+value in the user's environment wins (GRPC_VERBOSITY=ERROR or DEBUG, GRPC_TRACE=... to debug);
+the roles `swarmrl up` starts inherit it."""
+
+
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Shows "(default: X)" after every option that has a meaningful default."""
 
@@ -421,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     """
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         os.environ.setdefault(var, "1")  # models are prepared locally; never reach for a hub
+    for var, value in NATIVE_LOGGING_DEFAULTS.items():
+        os.environ.setdefault(var, value)   # before grpc is imported (commands import it lazily)
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)

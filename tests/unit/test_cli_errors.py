@@ -212,3 +212,29 @@ def test_light_name_tables_match_the_heavy_ones():
     assert cfgmod.RED_TEAM_MODES == red_team.MODES
     assert cli_checks.GEMMA_PACKAGE == model_recipes.GEMMA_PACKAGE
     assert {k: v[0] for k, v in cli_checks.MODEL_PACKAGES.items()} == model_recipes.PACKAGES
+
+
+def test_a_taken_grpc_port_is_our_one_line_without_grpc_core_logging(tmp_path):
+    """A taken port printed gRPC core's `E... add_port.cc:83] Failed to add port` before our line
+    (issue 28 item 4): GRPC_VERBOSITY defaults to NONE before grpc is imported."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_")}
+        proc = subprocess.run([sys.executable, "-m", "swarmrl.node.cli.main", "trainer", "-o", f"grpc_port={port}"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert proc.returncode == 2, proc.stderr
+    line = (f"swarmrl trainer: could not serve gRPC on 127.0.0.1:{port}: the port is taken or the address is "
+            "not ours (grpc_port=0 picks a free port)")
+    assert proc.stderr.splitlines() == [line]
+
+
+def test_grpc_logging_default_gives_way_to_the_users_environment(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("GRPC_VERBOSITY", raising=False)
+    monkeypatch.delenv("GRPC_TRACE", raising=False)
+    assert cli.main(["keygen", str(tmp_path / "a.key")]) == 0
+    assert os.environ["GRPC_VERBOSITY"] == "NONE" and "GRPC_TRACE" not in os.environ
+    monkeypatch.setenv("GRPC_VERBOSITY", "DEBUG")
+    assert cli.main(["keygen", str(tmp_path / "b.key")]) == 0
+    assert os.environ["GRPC_VERBOSITY"] == "DEBUG"
