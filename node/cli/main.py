@@ -368,6 +368,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     threads = parse_threads(args.threads)
     job, flags = up_job_fields(args)
     check_writable(args.out, "--out")
+    if args.netns and (reason := _netns_missing()) is not None:
+        raise UsageError(f"--netns: {reason}")
     precheck_job_fields({**job, **flags}, "job")
     from swarmrl.node.local.up import UpOptions, run_up
 
@@ -380,6 +382,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         opts.model = "gemma"
     run_up(opts)
     return 0
+
+
+def _netns_missing() -> str | None:
+    from swarmrl.node.local.netns import missing  # no torch: a missing tool is said at once
+
+    return missing()
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:

@@ -238,3 +238,20 @@ def test_grpc_logging_default_gives_way_to_the_users_environment(tmp_path, monke
     monkeypatch.setenv("GRPC_VERBOSITY", "DEBUG")
     assert cli.main(["keygen", str(tmp_path / "b.key")]) == 0
     assert os.environ["GRPC_VERBOSITY"] == "DEBUG"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="without root --netns says it needs root before looking for tools")
+def test_up_netns_without_nftables_names_the_debian_package(tmp_path):
+    """`up --netns` said `apt-get install -y nft`; Debian's package is nftables (issue 28 item 4)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("ip", "ethtool"):   # everything but nft
+        (bin_dir / tool).symlink_to("/bin/true")
+    env = {**os.environ, "PATH": str(bin_dir), "SWARMRL_TRACEBACK": ""}
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "swarmrl.node.cli.main", "up", "--netns",
+                           "--model", "tiny", "--out", str(tmp_path / "o")], capture_output=True, text=True,
+                          timeout=120, env=env, check=False)
+    lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("import time:")]
+    assert proc.returncode == 2 and lines == ["swarmrl up: --netns: `nft` is not installed (apt-get install -y nftables)"]
+    imported = {ln.split("|")[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+    assert not imported & set(HEAVY)
