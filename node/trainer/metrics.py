@@ -25,6 +25,11 @@ LAST_STEP = {  # metrics row key -> (gauge, help)
     "loss": ("loss", "loss of the last step"),
     "seconds": ("step_seconds", "wall time of the last step (batch, learner step, publish, checkpoint)"),
 }
+GROUP_STATES = {  # ledger state of consumed groups -> the help of its counter, groups_<state>_total
+    "trained": "admitted groups trained into a published version",
+    "no_signal": "admitted groups consumed by a batch with no learning signal (all-equal rewards; no version made)",
+    "dropped": "admitted groups dropped (ban, staleness)",
+}
 
 
 def trainer_metrics(trainer: Trainer) -> Iterator[Metric]:
@@ -52,8 +57,8 @@ def job_families(f: Families, job: JobRuntime) -> None:
     ledger, job_id = job.ledger, job.job_id
     counts = ledger.group_counts(job_id)
     f.counter(P + "groups_admitted_total", "groups admitted (committed to the ledger)", j, sum(counts.values()))
-    for state in ("trained", "dropped"):
-        f.counter(P + f"groups_{state}_total", f"admitted groups {state}", j, counts.get(state, 0))
+    for state, doc in GROUP_STATES.items():
+        f.counter(P + f"groups_{state}_total", doc, j, counts.get(state, 0))
     f.gauge(P + "groups_pending", "admitted groups waiting for a step", j, counts.get("pending", 0))
     f.gauge(P + "groups_on_probation", "pending groups held until their peer's first passing verdict", j,
             job.groups_on_probation())

@@ -34,6 +34,7 @@ def job_status(job: JobRuntime, history: int, verdicts: int = 0, holders: bool =
         job_id=job_id, state="done" if job.done else "running", policy_version=job.version,
         step=job.version, total_steps=job.spec.steps, adapter_hash=job.head_hash,
         groups_admitted=sum(counts.values()), groups_dropped=counts.get("dropped", 0),
+        groups_trained=counts.get("trained", 0), groups_no_signal=counts.get("no_signal", 0),
         validator_checked=checked, validator_failed=failed, trainer_id=job.identity.peer_id,
         groups_dropped_banned=ledger.dropped_banned(job_id),
         groups_on_probation=job.groups_on_probation(),
@@ -99,6 +100,7 @@ def peer_infos(job: JobRuntime) -> list[pb.PeerInfo]:
             reputation=(checked - failed + 1) / (checked + 2), banned=p in bans.banned,
             ban_reason=bans.banned.get(p, ""), banned_at_ms=bans.banned_at.get(p, 0), first_seen_ms=first.get(p, 0),
             groups_trained=states.get(p, {}).get("trained", 0), groups_dropped=states.get(p, {}).get("dropped", 0),
+            groups_no_signal=states.get(p, {}).get("no_signal", 0),
             rejected_by_reason=dict(rejected.get(p, {})), verdicts_checked=checked, verdicts_failed=failed,
             strikes=bans.strikes.get(p, 0), adapter_version=job.admission.peer_versions.get(p)))
     return out
