@@ -255,3 +255,19 @@ def test_up_netns_without_nftables_names_the_debian_package(tmp_path):
     assert proc.returncode == 2 and lines == ["swarmrl up: --netns: `nft` is not installed (apt-get install -y nftables)"]
     imported = {ln.split("|")[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
     assert not imported & set(HEAVY)
+
+
+def test_a_taken_dht_port_is_one_line_before_the_dht_starts(tmp_path):
+    """A second `swarmrl bootstrap -o net.dht_port=P` started silently beside the first (p2pd
+    binds with SO_REUSEPORT); now it is refused as a taken gRPC port is."""
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "swarmrl.node.cli.main", "bootstrap", "-o", f"net.dht_port={port}"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [(f"swarmrl bootstrap: could not serve the DHT on 127.0.0.1:{port}: the port is "
+                                        "taken or the address is not ours (net.dht_port=0 picks a free port): "
+                                        "Address already in use")]
