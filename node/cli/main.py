@@ -20,13 +20,12 @@ expected failure is one line on stderr and an exit code (see EPILOG); an unexpec
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TypeAlias
+from typing import NoReturn, TypeAlias
 
 from pydantic import BaseModel
 
@@ -34,7 +33,6 @@ from swarmrl.node.cli.checks import (
     EXIT_USAGE,
     THREAD_ROLES,
     UsageError,
-    check_model_available,
     check_writable,
     describe_failure,
     endpoint,
@@ -48,6 +46,7 @@ from swarmrl.node.cli.checks import (
     precheck_job_file,
     red_team_modes,
     sha256_hex,
+    unknown_option,
     up_job_fields,
 )
 from swarmrl.node.runtime import config as cfgmod
@@ -78,6 +77,13 @@ value in the user's environment wins (GRPC_VERBOSITY=ERROR or DEBUG, GRPC_TRACE=
 the roles `swarmrl up` starts inherit it."""
 
 
+def quiet_native_logging() -> None:
+    """Apply NATIVE_LOGGING_DEFAULTS where the environment sets nothing (before grpc is imported:
+    commands import it lazily)."""
+    for var, value in NATIVE_LOGGING_DEFAULTS.items():
+        os.environ.setdefault(var, value)
+
+
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Shows "(default: X)" after every option that has a meaningful default."""
 
@@ -99,31 +105,9 @@ class _Parser(argparse.ArgumentParser):
         """Refuse an unknown `--option` by name (with the closest known one) before argparse
         parses: otherwise `up --stpes 5` reads 5 as the job file and says "no such file: '5'"."""
         tokens = list(sys.argv[1:] if args is None else args)
-        if (unknown := self._unknown_option(tokens)) is not None:
-            unknown = unknown.split("=", 1)[0]
-            close = difflib.get_close_matches(unknown, self._long_options(), n=1, cutoff=0.6)
-            self.error(f"unknown option {unknown}" + (f"; did you mean {close[0]}?" if close else ""))
+        if (unknown := unknown_option(self, tokens)) is not None:
+            self.error(unknown)
         return super().parse_known_args(tokens, namespace)
-
-    def _unknown_option(self, tokens: list[str]) -> str | None:
-        """The first token argparse would take for an option this parser lacks; a parser with
-        subcommands looks only before its command (the rest is its subcommand's)."""
-        has_commands = any(isinstance(a, argparse._SubParsersAction) for a in self._actions)
-        for token in tokens:
-            if token == "--":
-                return None
-            parsed: Any = self._parse_optional(token)   # None: a positional; else (action, ...) tuple(s)
-            if parsed is None:
-                if has_commands:
-                    return None
-                continue
-            action = parsed[0][0] if isinstance(parsed, list) else parsed[0]
-            if action is None:
-                return token
-        return None
-
-    def _long_options(self) -> list[str]:
-        return [o for a in self._actions for o in a.option_strings if o.startswith("--")]
 
 
 # ---- the parser ----------------------------------------------------------------------------------
@@ -290,18 +274,21 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_role(args: argparse.Namespace) -> int:
-    """Resolve the role's config (--config, then -o overrides, then --initial-peers), check a
-    worker's base model, then print the config (--dry-run) or run the role until it exits."""
+    """Resolve the role's config (--config, then -o overrides, then --initial-peers), then run the
+    role until it exits, or (--dry-run) run the checks its start runs first
+    (`runtime.preflight`) and print the config."""
     import importlib
 
     cls, module, _ = ROLES[args.command]
     cfg = _resolve(cls, args)
-    if isinstance(cfg, cfgmod.WorkerConfig):
-        check_model_available(cfg.base_model, cfg.cache_dir)
     if args.dry_run:
+        from swarmrl.node.runtime.preflight import ROLE_CONFIGS, preflight
+
+        assert isinstance(cfg, ROLE_CONFIGS)
+        preflight(cfg)
         print(cfgmod.dump_config(cfg))
         return 0
-    importlib.import_module(module).run(cfg)
+    importlib.import_module(module).run(cfg)   # its first call is preflight(cfg)
     return 0
 
 
@@ -436,8 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         os.environ.setdefault(var, "1")  # models are prepared locally; never reach for a hub
-    for var, value in NATIVE_LOGGING_DEFAULTS.items():
-        os.environ.setdefault(var, value)   # before grpc is imported (commands import it lazily)
+    quiet_native_logging()
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)

@@ -34,6 +34,7 @@ from swarmrl.node.net.trainer_client import WorkerTrainer
 from swarmrl.node.ops.metrics import metrics_urls, start_metrics
 from swarmrl.node.runtime.config import WorkerConfig
 from swarmrl.node.runtime.lifecycle import start_role, write_ready
+from swarmrl.node.runtime.preflight import preflight
 from swarmrl.node.swarm.datasets import DatasetFetchStats, DatasetStore, DatasetUnavailable
 from swarmrl.node.swarm.dht import VerifiedRecord, find_jobs, join_swarm
 from swarmrl.node.swarm.env_records import EnvAnnouncer, env_infos, package_mismatch
@@ -303,6 +304,7 @@ class Worker:
 
 def run(cfg: WorkerConfig) -> None:
     """Start the worker and work until SIGTERM (or, with exit_when_done, until its jobs are done)."""
+    preflight(cfg)   # what --dry-run checks: ports, base models
     stop, identity = start_role("worker", cfg.key, cfg.threads)
     dht = join_swarm(cfg.net)
     cache = UpdateCache(keep_deltas=cfg.keep_deltas, keep_jobs=cfg.keep_jobs)
