@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import Metric
 
-from swarmrl.node.ops.metrics import Families
+from swarmrl.node.net.grpc_guard import STREAM_ENDINGS, STREAM_REFUSALS
+from swarmrl.node.net.rate_limits import RATE_LIMITED_ADDRESS, RATE_LIMITED_PEER
+from swarmrl.node.ops.metrics import Families, with_known
 
 if TYPE_CHECKING:
     from swarmrl.node.trainer.hosting import Trainer
@@ -40,10 +42,10 @@ def trainer_metrics(trainer: Trainer) -> Iterator[Metric]:
     guard = trainer.grpc_guard
     if guard is not None:
         f.gauge(P + "grpc_streams_active", "gRPC streams being served now", {}, guard.active())
-        for reason, n in sorted(guard.refused.items()):
+        for reason, n in with_known(guard.refused, STREAM_REFUSALS):
             f.counter(P + "grpc_streams_refused_total", "gRPC streams refused over a bound (total, per_peer, per_address)",
                       {"reason": reason}, n)
-        for reason, n in sorted(guard.reaped.items()):
+        for reason, n in with_known(guard.reaped, STREAM_ENDINGS):
             f.counter(P + "grpc_streams_ended_total", "gRPC streams ended by the server (deadline, idle)",
                       {"reason": reason}, n)
     for job in list(trainer.jobs.values()):
@@ -75,7 +77,7 @@ def job_families(f: Families, job: JobRuntime) -> None:
     f.gauge(P + "banned_peers", "peers banned from the job now", j, len(job.admission.banned))
     with job.admission.gate:
         refused = dict(job.admission.refused)
-    for reason, n in sorted(refused.items()):
+    for reason, n in with_known(refused, (RATE_LIMITED_PEER, RATE_LIMITED_ADDRESS)):
         f.counter(P + "calls_refused_total", "lease and submit calls refused before admission (rate limits), by reason",
                   {**j, "reason": reason}, n)
     checked, failed = ledger.verdict_counts(job_id)
