@@ -216,7 +216,7 @@ GRPC_ON_A_TAKEN_PORT = """
 import socket, sys
 from swarmrl.node.cli import main as cli
 if sys.argv[1] == "quiet":
-    cli.quiet_native_logging()   # as main() does first
+    cli.apply_native_defaults()   # as main() does first
 import grpc
 with socket.socket() as taken:
     taken.bind(("127.0.0.1", 0))
