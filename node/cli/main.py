@@ -141,7 +141,8 @@ def _role_parser(sub: SubParsers, name: str, help_: str) -> _Parser:
                         "net.initial_peers); replaces net.initial_peers, so it may not be given with -o "
                         "net.initial_peers")
     p.add_argument("--dry-run", action="store_true",
-                   help="check the config (and the worker's base model) and print it resolved, then exit")
+                   help="run the checks a start runs first (ports; a worker's base models) and print the config "
+                        "resolved, then exit")
     return p
 
 
