@@ -47,7 +47,7 @@ def test_no_role_ends_in_a_native_abort(run_dir):
     """The validator ended every run with `terminate called after throwing an instance of
     'std::system_error' what(): Broken pipe` (issue 28 item 5): torch's allocator freeing
     hivemind's shared buffers at exit wrote to the torch_shm_manager the exit had already ended.
-    Roles now share through file descriptors (node.cli.main.NATIVE_DEFAULTS): no manager."""
+    Roles now share through file descriptors (node.cli.native.NATIVE_DEFAULTS): no manager."""
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["validator"]["checked"] > 0   # the validator did its work (the run that aborted)
     for log in (run_dir / "run" / "logs").glob("*.log"):

@@ -214,9 +214,9 @@ def test_light_name_tables_match_the_heavy_ones():
 
 GRPC_ON_A_TAKEN_PORT = """
 import socket, sys
-from swarmrl.node.cli import main as cli
+from swarmrl.node.cli.native import apply_native_defaults
 if sys.argv[1] == "quiet":
-    cli.apply_native_defaults()   # as main() does first
+    apply_native_defaults()   # as main() does first
 import grpc
 with socket.socket() as taken:
     taken.bind(("127.0.0.1", 0))
@@ -243,10 +243,12 @@ def test_grpc_core_logs_nothing_on_a_taken_port_unless_asked():
 
 
 def test_grpc_logging_default_gives_way_to_the_users_environment(tmp_path, monkeypatch, capsys):
-    monkeypatch.delenv("GRPC_VERBOSITY", raising=False)
-    monkeypatch.delenv("GRPC_TRACE", raising=False)
+    for var in ("GRPC_VERBOSITY", "GRPC_TRACE", "HIVEMIND_MEMORY_SHARING_STRATEGY"):
+        monkeypatch.setenv(var, "")   # recorded, so the test's end restores this process's environment
+        monkeypatch.delenv(var)
     assert cli.main(["keygen", str(tmp_path / "a.key")]) == 0
     assert os.environ["GRPC_VERBOSITY"] == "NONE" and "GRPC_TRACE" not in os.environ
+    assert os.environ["HIVEMIND_MEMORY_SHARING_STRATEGY"] == "file_descriptor"   # no torch_shm_manager
     monkeypatch.setenv("GRPC_VERBOSITY", "DEBUG")
     assert cli.main(["keygen", str(tmp_path / "b.key")]) == 0
     assert os.environ["GRPC_VERBOSITY"] == "DEBUG"
