@@ -11,6 +11,7 @@ import logging
 from swarmrl.node.ops.metrics import metrics_urls, start_metrics
 from swarmrl.node.runtime.config import ValidatorConfig
 from swarmrl.node.runtime.lifecycle import start_role, write_ready
+from swarmrl.node.runtime.preflight import preflight
 from swarmrl.node.swarm.dht import find_jobs, join_swarm
 from swarmrl.validator.metrics import validator_metrics
 from swarmrl.validator.service import ValidatorService
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 
 def run(cfg: ValidatorConfig) -> None:
     """Start the validator and validate until SIGTERM / SIGINT."""
+    preflight(cfg)   # what --dry-run checks: its DHT and /metrics ports
     stop, identity = start_role("validator", cfg.key, cfg.threads)
     dht = join_swarm(cfg.net)
     service = ValidatorService(cfg, identity)

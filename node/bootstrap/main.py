@@ -6,6 +6,7 @@ import logging
 
 from swarmrl.node.runtime.config import BootstrapConfig
 from swarmrl.node.runtime.lifecycle import setup_logging, stop_event, write_ready
+from swarmrl.node.runtime.preflight import preflight
 from swarmrl.node.swarm.dht import join_swarm, visible_maddrs
 
 log = logging.getLogger(__name__)
@@ -13,6 +14,7 @@ log = logging.getLogger(__name__)
 
 def run(cfg: BootstrapConfig) -> None:
     """Serve the DHT until SIGTERM; prints (and writes to ready_file) the multiaddrs to join."""
+    preflight(cfg)   # what --dry-run checks: its DHT port
     stop = stop_event()
     setup_logging("bootstrap")
     dht = join_swarm(cfg.net)

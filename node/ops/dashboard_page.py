@@ -139,7 +139,7 @@ def versions_table(history: Sequence[pb.StepMetrics], last: int = 8) -> str:
             f"<td>{m.groups_trained}</td><td>{m.groups_rejected}</td><td>{_f(m.seconds, '.1f')}</td></tr>"
             for m in reversed(list(history)[-last:])]
     return _table("policy versions (newest first)", "versions",
-                  ["step", "version", "reward", "loss", "ESS", "staleness", "trained", "rejected", "seconds"], rows)
+                  ["step", "version", "reward", "loss", "ESS", "staleness", "groups trained", "rejected", "seconds"], rows)
 
 
 def peers_table(st: pb.JobStatus) -> str:
@@ -159,8 +159,9 @@ def peers_table(st: pb.JobStatus) -> str:
         rows.append(_other_row(c, "trainer"))
     for v in sorted({r.validator_id for r in st.recent_verdicts}):
         rows.append(_other_row(v, "validator"))
-    return _table("peers", "peers", ["peer", "role", "adapter", "lag", "admitted", "trained", "rejected",
-                                     "rejections by reason", "verdicts (failed)", "strikes", "reputation", "ban"], rows)
+    header = ["peer", "role", "adapter", "lag", "admitted", "groups trained into versions", "rejected",
+              "rejections by reason", "verdicts (failed)", "strikes", "reputation", "ban"]
+    return _table(f"peers, over all {st.step} steps", "peers", header, rows)
 
 
 def _other_row(peer_id: str, role: str) -> str:

@@ -36,6 +36,13 @@ class FnCollector(Collector):
         return list(self.fn())
 
 
+def with_known(counts: Mapping[str, int], known: Iterable[str]) -> list[tuple[str, int]]:
+    """(label, count) for every label seen and every known one, sorted: a labelled counter whose
+    labels a role knows at start is exposed at 0 before its first event (a fresh role's
+    /metrics is not empty, and a rate() has a first sample)."""
+    return sorted({**dict.fromkeys(known, 0), **counts}.items())
+
+
 def registry_of(*fns: Callable[[], Iterable[Metric]]) -> CollectorRegistry:
     """A fresh registry (not the process-global one) holding one collector per function."""
     reg = CollectorRegistry(auto_describe=False)

@@ -24,6 +24,7 @@ from google.protobuf.message import Message
 from hivemind.utils import get_dht_time
 
 from swarmrl.node.runtime import procs
+from swarmrl.node.runtime.ports import check_port_free
 from swarmrl.protocol import signing
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -113,8 +114,10 @@ def start_dht(initial_peers: Sequence[str] = (), *, host: str = "127.0.0.1", por
     but is never put in other nodes' routing tables.
 
     Raises:
+        StartupError: `port` is taken (p2pd would share it silently: `ports.check_port_free`).
         SwarmError: initial peers were given and none of them could be reached.
     """
+    check_port_free(host, port, "the DHT", "net.dht_port")
     dht = BoundedDHT(initial_peers=list(initial_peers), start=False, client_mode=client_mode,
                      **safe_p2p_options(host, port, announce_maddrs))
     try:

@@ -39,6 +39,9 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 
 log = logging.getLogger(__name__)
 STALE_AT_STEP = "stale_at_step"
+NO_SIGNAL = "no_signal"
+"""The ledger state of groups a step consumed without making a version (all-equal rewards in
+every group: no advantage, no gradient); "trained" means trained into a published version."""
 PROMPT_CACHE = 4096   # prompts' token ids kept by index (least recently used dropped first; JobRuntime.prompt_ids_of)
 _PROMPT_MEMO = 4096   # distinct prompts (text, chat turns) whose token ids JobRuntime.prompt_ids_of keeps
 LEDGER_KEEP_MS = 3600 * 1000   # default of TrainerConfig.ledger_keep_s (tests check they agree)
@@ -220,7 +223,7 @@ class JobRuntime:
         """batch -> learner step -> publish -> mark trained -> checkpoint. Returns the new
         version's metrics row, or None when no version was made: the averaged step was abandoned
         (a cotrainer got ahead; the groups stay pending) or the batch carried no signal (the
-        groups are consumed, nothing is published; counted in the next row's
+        groups are consumed as NO_SIGNAL, nothing is published; counted in the next row's
         `batches_without_signal`)."""
         t0 = time.monotonic()
         batch = self.take_batch()
@@ -228,7 +231,7 @@ class JobRuntime:
         if metrics is None:
             return None
         if not metrics["stepped"]:
-            self.ledger.mark([p.row_id for p in batch], "trained", step=self.version)
+            self.ledger.mark([p.row_id for p in batch], NO_SIGNAL, step=self.version)
             self.compact_ledger()
             self.batches_without_signal += 1
             log.info("job %s: a batch of %d groups carried no signal; version stays %d",

@@ -228,7 +228,7 @@ class Ledger(PeerTables):
             f"SELECT COUNT(*) FROM groups g JOIN batches b ON b.seq = g.batch_seq WHERE {where}", args)[0][0])
 
     def mark(self, row_ids: Iterable[int], state: str, *, step: int | None = None, note: str = "") -> None:
-        """Set the state (e.g. "trained", "dropped") of the groups with ledger ids `row_ids`.
+        """Set the state (e.g. "trained", "no_signal", "dropped") of the groups with ledger ids `row_ids`.
 
         step: the optimizer step that used them (None if none); note: why (e.g. a drop reason).
         """
@@ -247,7 +247,7 @@ class Ledger(PeerTables):
             return cur.rowcount
 
     def group_counts(self, job_id: str) -> Counter[str]:
-        """Group state ("pending", "trained", "dropped") -> number of the job's admitted groups."""
+        """Group state ("pending", "trained", "no_signal", "dropped") -> number of the job's admitted groups."""
         rows = self._query("SELECT state, COUNT(*) FROM groups WHERE job_id = ? GROUP BY state", (job_id,))
         return Counter({s: n for s, n in rows})
 

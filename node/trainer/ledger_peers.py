@@ -105,7 +105,7 @@ class PeerTables:
         return out
 
     def peer_state_counts(self, job_id: str) -> dict[str, Counter[str]]:
-        """peer -> group state ("pending", "trained", "dropped") -> count (their sum: admitted)."""
+        """peer -> group state ("pending", "trained", "no_signal", "dropped") -> count (their sum: admitted)."""
         return self._per_peer(
             "SELECT peer_id, state, COUNT(*) FROM groups WHERE job_id = ? GROUP BY peer_id, state", job_id)
 

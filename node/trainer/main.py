@@ -16,6 +16,7 @@ from swarmrl.node.net import tls
 from swarmrl.node.net.grpc_server import GuardedServer
 from swarmrl.node.runtime.config import TrainerConfig
 from swarmrl.node.runtime.lifecycle import StartupError, start_role, write_ready
+from swarmrl.node.runtime.preflight import preflight
 from swarmrl.node.swarm.dht import (
     REFRESH_S,
     VerifiedRecord,
@@ -102,6 +103,7 @@ class TrainerLoop:
 
 def run(cfg: TrainerConfig) -> None:
     """Start the trainer and serve until SIGTERM."""
+    preflight(cfg)   # what --dry-run checks: its DHT, gRPC and /metrics ports
     stop, identity = start_role("trainer", cfg.key, cfg.threads)
     dht = join_swarm(cfg.net)
     trainer = Trainer(cfg, identity, dht)

@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import Metric
 
-from swarmrl.node.ops.metrics import Families
+from swarmrl.node.net.grpc_guard import STREAM_ENDINGS, STREAM_REFUSALS
+from swarmrl.node.net.rate_limits import RATE_LIMITED_ADDRESS, RATE_LIMITED_PEER
+from swarmrl.node.ops.metrics import Families, with_known
 
 if TYPE_CHECKING:
     from swarmrl.node.trainer.hosting import Trainer
@@ -25,6 +27,11 @@ LAST_STEP = {  # metrics row key -> (gauge, help)
     "loss": ("loss", "loss of the last step"),
     "seconds": ("step_seconds", "wall time of the last step (batch, learner step, publish, checkpoint)"),
 }
+GROUP_STATES = {  # ledger state of consumed groups -> the help of its counter, groups_<state>_total
+    "trained": "admitted groups trained into a published version",
+    "no_signal": "admitted groups consumed by a batch with no learning signal (all-equal rewards; no version made)",
+    "dropped": "admitted groups dropped (ban, staleness)",
+}
 
 
 def trainer_metrics(trainer: Trainer) -> Iterator[Metric]:
@@ -35,10 +42,10 @@ def trainer_metrics(trainer: Trainer) -> Iterator[Metric]:
     guard = trainer.grpc_guard
     if guard is not None:
         f.gauge(P + "grpc_streams_active", "gRPC streams being served now", {}, guard.active())
-        for reason, n in sorted(guard.refused.items()):
+        for reason, n in with_known(guard.refused, STREAM_REFUSALS):
             f.counter(P + "grpc_streams_refused_total", "gRPC streams refused over a bound (total, per_peer, per_address)",
                       {"reason": reason}, n)
-        for reason, n in sorted(guard.reaped.items()):
+        for reason, n in with_known(guard.reaped, STREAM_ENDINGS):
             f.counter(P + "grpc_streams_ended_total", "gRPC streams ended by the server (deadline, idle)",
                       {"reason": reason}, n)
     for job in list(trainer.jobs.values()):
@@ -52,8 +59,8 @@ def job_families(f: Families, job: JobRuntime) -> None:
     ledger, job_id = job.ledger, job.job_id
     counts = ledger.group_counts(job_id)
     f.counter(P + "groups_admitted_total", "groups admitted (committed to the ledger)", j, sum(counts.values()))
-    for state in ("trained", "dropped"):
-        f.counter(P + f"groups_{state}_total", f"admitted groups {state}", j, counts.get(state, 0))
+    for state, doc in GROUP_STATES.items():
+        f.counter(P + f"groups_{state}_total", doc, j, counts.get(state, 0))
     f.gauge(P + "groups_pending", "admitted groups waiting for a step", j, counts.get("pending", 0))
     f.gauge(P + "groups_on_probation", "pending groups held until their peer's first passing verdict", j,
             job.groups_on_probation())
@@ -70,7 +77,7 @@ def job_families(f: Families, job: JobRuntime) -> None:
     f.gauge(P + "banned_peers", "peers banned from the job now", j, len(job.admission.banned))
     with job.admission.gate:
         refused = dict(job.admission.refused)
-    for reason, n in sorted(refused.items()):
+    for reason, n in with_known(refused, (RATE_LIMITED_PEER, RATE_LIMITED_ADDRESS)):
         f.counter(P + "calls_refused_total", "lease and submit calls refused before admission (rate limits), by reason",
                   {**j, "reason": reason}, n)
     checked, failed = ledger.verdict_counts(job_id)

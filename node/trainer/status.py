@@ -61,6 +61,7 @@ def fill_from_ledger(st: pb.JobStatus, ledger: Ledger, job_id: str, history: int
     counts = ledger.group_counts(job_id)
     checked, failed = ledger.verdict_counts(job_id)
     st.groups_admitted, st.groups_dropped = sum(counts.values()), counts.get("dropped", 0)
+    st.groups_trained, st.groups_no_signal = counts.get("trained", 0), counts.get("no_signal", 0)
     st.validator_checked, st.validator_failed = checked, failed
     st.groups_dropped_banned = ledger.dropped_banned(job_id)
     st.groups_rejected.update(ledger.rejection_counts(job_id))
@@ -107,6 +108,7 @@ def peer_infos(job: JobRuntime) -> list[pb.PeerInfo]:
             reputation=(checked - failed + 1) / (checked + 2), banned=p in bans.banned,
             ban_reason=bans.banned.get(p, ""), banned_at_ms=bans.banned_at.get(p, 0), first_seen_ms=first.get(p, 0),
             groups_trained=states.get(p, {}).get("trained", 0), groups_dropped=states.get(p, {}).get("dropped", 0),
+            groups_no_signal=states.get(p, {}).get("no_signal", 0),
             rejected_by_reason=dict(rejected.get(p, {})), verdicts_checked=checked, verdicts_failed=failed,
             strikes=bans.strikes.get(p, 0), adapter_version=job.admission.peer_versions.get(p)))
     return out

@@ -15,7 +15,7 @@ import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -34,6 +34,7 @@ from swarmrl.node.net.trainer_client import WorkerTrainer
 from swarmrl.node.ops.metrics import metrics_urls, start_metrics
 from swarmrl.node.runtime.config import WorkerConfig
 from swarmrl.node.runtime.lifecycle import start_role, write_ready
+from swarmrl.node.runtime.preflight import preflight
 from swarmrl.node.swarm.datasets import DatasetFetchStats, DatasetStore, DatasetUnavailable
 from swarmrl.node.swarm.dht import VerifiedRecord, find_jobs, join_swarm
 from swarmrl.node.swarm.env_records import EnvAnnouncer, env_infos, package_mismatch
@@ -52,6 +53,7 @@ if TYPE_CHECKING:   # annotations only
     from types import SimpleNamespace
 
     import hivemind
+    from prometheus_client.core import Metric
 
     from swarmrl.node.inference.base import InferenceBackend
 
@@ -134,6 +136,10 @@ class Worker:
         self.ops_urls: dict[str, str] = {}   # {"metrics": URL} once the metrics server runs
         self.announcer = (EnvAnnouncer(dht, identity, env_infos(cfg.environments), list(self.backends))
                           if dht is not None else None)   # what this worker serves, in the DHT
+
+    def metrics(self) -> Iterator[Metric]:
+        """This worker's /metrics families now (`worker_metrics`; what a scrape reads)."""
+        return worker_metrics(self.sessions, self.retired, self.skipped, self.dataset_stats)
 
     def session(self, rec: VerifiedRecord) -> JobSession:
         """The session of the record's job, opened on first use (a LoRA slot on the backend of the
@@ -311,12 +317,13 @@ class Worker:
 
 def run(cfg: WorkerConfig) -> None:
     """Start the worker and work until SIGTERM (or, with exit_when_done, until its jobs are done)."""
+    preflight(cfg)   # what --dry-run checks: ports, base models
     stop, identity = start_role("worker", cfg.key, cfg.threads)
     dht = join_swarm(cfg.net)
     cache = UpdateCache(keep_deltas=cfg.keep_deltas, keep_jobs=cfg.keep_jobs)
     gossip = GossipNode(dht, identity, cache, dialable=not cfg.net.client_mode) if cfg.gossip else None
     worker = Worker(cfg, identity, dht, gossip)
-    ops = start_metrics(cfg.metrics_host, cfg.metrics_port, lambda: worker_metrics(worker.sessions, worker.retired))
+    ops = start_metrics(cfg.metrics_host, cfg.metrics_port, worker.metrics)
     worker.ops_urls = metrics_urls(ops)
     write_ready(cfg.ready_file, worker.report())
     if worker.announcer is not None:

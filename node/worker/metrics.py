@@ -1,6 +1,10 @@
 """A worker's Prometheus metrics, read from its job sessions at scrape time: tokens/s, rollouts
-generated, graded, submitted, refused by reason, receipts kept and refused, adapter catch-up latency, version lag, adapter
-bytes from peers vs the trainer."""
+generated, graded, submitted, refused by reason, receipts kept and refused, adapter catch-up latency,
+version lag, adapter bytes from peers vs the trainer; and, from the start, before any job: jobs
+active, finished and skipped, and data-set fetches by source.
+
+A labelled series the role knows the labels of is exposed at 0 from the start (`with_known`),
+so a fresh worker's /metrics is not empty and a rate() has a first sample (issue 28 item 5)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.core import Metric
 
-from swarmrl.node.ops.metrics import Families
+from swarmrl.node.ops.metrics import Families, with_known
+from swarmrl.node.swarm.datasets import DatasetFetchStats
 
 if TYPE_CHECKING:
     from swarmrl.node.worker.session import JobSession
@@ -18,10 +23,28 @@ if TYPE_CHECKING:
 P = "swarmrl_worker_"
 
 
-def worker_metrics(live: Mapping[str, JobSession], retired: Mapping[str, SimpleNamespace]) -> Iterator[Metric]:
+DROP_REASONS = ("nonfinite_logprobs",)
+"""Why a worker drops a generated group unsigned (`JobSession`): exposed at 0 from a job's start."""
+DATASET_SOURCES = ("cache", "peer", "trainer")
+"""Where a data set can come from (`swarm.datasets.fetch_dataset`): exposed at 0 from the start."""
+
+
+def worker_metrics(live: Mapping[str, JobSession], retired: Mapping[str, SimpleNamespace],
+                   skipped: Mapping[str, str] | None = None,
+                   datasets: DatasetFetchStats | None = None) -> Iterator[Metric]:
     """The worker's metric families at scrape time, over its live and retired job sessions (job
-    id -> session, or what `retired` kept of a finished one)."""
+    id -> session, or what `retired` kept of a finished one), the jobs it skipped (job id -> why)
+    and its data-set fetches."""
     f = Families()
+    f.gauge(P + "jobs_active", "jobs this worker has a live session for", {}, len(live))
+    f.gauge(P + "jobs_finished", "jobs this worker worked on that are done", {}, len(retired))
+    f.gauge(P + "jobs_skipped", "announced jobs this worker does not serve (model, environment, sampling)", {},
+            len(skipped or {}))
+    stats = datasets or DatasetFetchStats()
+    for source, n in with_known(stats.sources, DATASET_SOURCES):
+        f.counter(P + "dataset_fetches_total", "data sets obtained, by source", {"source": source}, n)
+    f.counter(P + "dataset_transfers_refused_total", "data-set transfers whose bytes did not verify", {},
+              sum(stats.refused.values()))
     sessions: dict[str, JobSession | SimpleNamespace] = {**retired, **live}
     for job_id, s in sessions.items():
         session_families(f, job_id, s)
@@ -51,7 +74,7 @@ def session_families(f: Families, job_id: str, session: JobSession | SimpleNames
     for reason, n in sorted(s.groups_refused.items()):
         f.counter(P + "groups_refused_total", "submitted groups the trainer refused, by reason",
                   {**j, "reason": reason}, n)
-    for reason, n in sorted(s.groups_dropped.items()):
+    for reason, n in with_known(s.groups_dropped, DROP_REASONS):
         f.counter(P + "groups_dropped_total", "groups generated but never signed, by reason", {**j, "reason": reason}, n)
     f.counter(P + "receipts_kept_total", "trainer-signed batch receipts verified and kept", j, s.receipts_kept)
     for reason, n in sorted(s.receipts_refused.items()):

@@ -254,8 +254,7 @@ class DatasetEnv(Environment):
         self.rows = rows
         self.train_rows, self.heldout_rows = split_rows(rows, task.prompt_field, seed, task.heldout_fraction)
         if not self.train_rows or not self.heldout_rows:
-            raise DatasetError(f"{task.dataset}: {len(rows)} rows leave an empty train or held-out split "
-                               f"(heldout_fraction {task.heldout_fraction}); add rows")
+            raise DatasetError(f"{task.dataset}: {split_advice(rows, task.prompt_field, seed, task.heldout_fraction)}")
         self.version = task.dataset_sha256[:16]
         bound = [r.build() for r in task.rewards]
         self.reward_funcs = tuple(bound)
@@ -287,15 +286,48 @@ def split_rows(rows: Sequence[dict[str, Any]], prompt_field: str, seed: int,
     problem in several groups of a step)."""
     keyed = []
     seen: dict[str, int] = {}
-    cut = heldout_fraction * 2**64
     for i, row in enumerate(rows):
         prompt = str(row[prompt_field])
-        side = hashlib.sha256(f"swarmrl-dataset-split:{seed}:{prompt}".encode()).digest()
         k = seen[prompt] = seen.get(prompt, -1) + 1
         order = hashlib.sha256(f"swarmrl-dataset-order:{seed}:{k}:{prompt}".encode()).digest()
-        keyed.append((int.from_bytes(side[:8], "big") < cut, int.from_bytes(order[:8], "big"), i, row))
+        keyed.append((_held_out(prompt, seed, heldout_fraction), int.from_bytes(order[:8], "big"), i, row))
     keyed.sort(key=lambda x: (x[1], x[2]))
     return [r for held, _, _, r in keyed if not held], [r for held, _, _, r in keyed if held]
+
+
+def _held_out(prompt: str, seed: int, heldout_fraction: float) -> bool:
+    """Whether `prompt` (every copy of it) is held out under `seed`."""
+    side = hashlib.sha256(f"swarmrl-dataset-split:{seed}:{prompt}".encode()).digest()
+    return int.from_bytes(side[:8], "big") < heldout_fraction * 2**64
+
+
+WANTED_HELDOUT = 3
+"""Held-out prompts `split_advice` sizes its suggestions for (the expected count, not a rule)."""
+
+
+def split_advice(rows: Sequence[dict[str, Any]], prompt_field: str, seed: int, heldout_fraction: float) -> str:
+    """Why the split of `rows` has an empty side, in numbers (distinct prompts, how many the
+    held-out fraction holds out under this seed, how many it would on average), and what to
+    change: more distinct prompts, another heldout_fraction, or a seed that splits them."""
+    import math
+
+    prompts = sorted({str(row[prompt_field]) for row in rows})
+    n, f = len(prompts), heldout_fraction
+    held = sum(_held_out(p, seed, f) for p in prompts)
+    side = "no prompt to train on" if held == n else "no held-out prompt"
+    head = (f"{len(rows)} rows hold {n} distinct prompt{'s' * (n != 1)} (copies of a prompt stay on one side); "
+            f"heldout_fraction {f:g} holds out {held} of them with seed {seed} (about {n * f:.1f} on average), "
+            f"leaving {side}")
+    if held == n:
+        return f"{head}: lower [environment] heldout_fraction or add rows with new prompts"
+    fixes = [(f"add rows with new prompts (about {math.ceil(WANTED_HELDOUT / f)} distinct prompts hold out "
+             f"{WANTED_HELDOUT} on average)")]
+    if n > WANTED_HELDOUT:
+        fixes.append(f"raise [environment] heldout_fraction to {math.ceil(100 * WANTED_HELDOUT / n) / 100:g}")
+    good = next((s for s in range(seed + 1, seed + 1001) if 0 < sum(_held_out(p, s, f) for p in prompts) < n), None)
+    if good is not None:
+        fixes.append(f"set seed = {good} (holds out {sum(_held_out(p, good, f) for p in prompts)})")
+    return f"{head}: " + ", or ".join(fixes)
 
 
 def render_row(task: DatasetTask, row: dict[str, Any], index: int) -> PromptSpec:

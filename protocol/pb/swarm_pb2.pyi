@@ -1052,6 +1052,7 @@ class PeerInfo(_message.Message):
     VERDICTS_FAILED_FIELD_NUMBER: _builtins.int
     STRIKES_FIELD_NUMBER: _builtins.int
     ADAPTER_VERSION_FIELD_NUMBER: _builtins.int
+    GROUPS_NO_SIGNAL_FIELD_NUMBER: _builtins.int
     peer_id: _builtins.str
     groups_admitted: _builtins.int
     groups_rejected: _builtins.int
@@ -1073,6 +1074,8 @@ class PeerInfo(_message.Message):
     """attributable admission failures (batches)"""
     adapter_version: _builtins.int
     """the version it said it held at its last lease request (this run)"""
+    groups_no_signal: _builtins.int
+    """its groups consumed by a batch with no learning signal (no version made)"""
     @_builtins.property
     def rejected_by_reason(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]: ...
     def __init__(
@@ -1093,10 +1096,11 @@ class PeerInfo(_message.Message):
         verdicts_failed: _builtins.int = ...,
         strikes: _builtins.int = ...,
         adapter_version: _builtins.int | None = ...,
+        groups_no_signal: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_adapter_version", b"_adapter_version", "adapter_version", b"adapter_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_adapter_version", b"_adapter_version", "adapter_version", b"adapter_version", "ban_reason", b"ban_reason", "banned", b"banned", "banned_at_ms", b"banned_at_ms", "first_seen_ms", b"first_seen_ms", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_rejected", b"groups_rejected", "groups_trained", b"groups_trained", "peer_id", b"peer_id", "rejected_by_reason", b"rejected_by_reason", "reputation", b"reputation", "strikes", b"strikes", "verdicts_checked", b"verdicts_checked", "verdicts_failed", b"verdicts_failed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_adapter_version", b"_adapter_version", "adapter_version", b"adapter_version", "ban_reason", b"ban_reason", "banned", b"banned", "banned_at_ms", b"banned_at_ms", "first_seen_ms", b"first_seen_ms", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_no_signal", b"groups_no_signal", "groups_rejected", b"groups_rejected", "groups_trained", b"groups_trained", "peer_id", b"peer_id", "rejected_by_reason", b"rejected_by_reason", "reputation", b"reputation", "strikes", b"strikes", "verdicts_checked", b"verdicts_checked", "verdicts_failed", b"verdicts_failed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__adapter_version: _TypeAlias = _typing.Literal["adapter_version"]  # noqa: Y015
     _WhichOneofArgType__adapter_version: _TypeAlias = _typing.Literal["_adapter_version", b"_adapter_version"]  # noqa: Y015
@@ -1245,6 +1249,8 @@ class JobStatus(_message.Message):
     HOLDER_VERSIONS_FIELD_NUMBER: _builtins.int
     SERVING_WORKERS_FIELD_NUMBER: _builtins.int
     UNSERVED_REASON_FIELD_NUMBER: _builtins.int
+    GROUPS_TRAINED_FIELD_NUMBER: _builtins.int
+    GROUPS_NO_SIGNAL_FIELD_NUMBER: _builtins.int
     REFUSED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     state: _builtins.str
@@ -1279,6 +1285,10 @@ class JobStatus(_message.Message):
     """workers announcing this job's environment and base model (unset: no DHT here)"""
     unserved_reason: _builtins.str
     """why no announcing worker can serve the job ("" when one can)"""
+    groups_trained: _builtins.int
+    """admitted groups trained into versions, all steps"""
+    groups_no_signal: _builtins.int
+    """admitted groups consumed by batches with no learning signal (all-equal rewards)"""
     @_builtins.property
     def groups_rejected(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """by reason"""
@@ -1343,11 +1353,13 @@ class JobStatus(_message.Message):
         holder_versions: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         serving_workers: _builtins.int | None = ...,
         unserved_reason: _builtins.str = ...,
+        groups_trained: _builtins.int = ...,
+        groups_no_signal: _builtins.int = ...,
         refused: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers", "serving_workers", b"serving_workers"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers", "adapter_bytes", b"adapter_bytes", "adapter_hash", b"adapter_hash", "averaging_excluded", b"averaging_excluded", "averaging_rounds", b"averaging_rounds", "averaging_solo", b"averaging_solo", "cotrainers", b"cotrainers", "delta_bytes", b"delta_bytes", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_dropped_banned", b"groups_dropped_banned", "groups_on_probation", b"groups_on_probation", "groups_rejected", b"groups_rejected", "history", b"history", "holder_versions", b"holder_versions", "job_id", b"job_id", "peers", b"peers", "policy_version", b"policy_version", "recent_verdicts", b"recent_verdicts", "refused", b"refused", "serving_workers", b"serving_workers", "spec_json", b"spec_json", "state", b"state", "state_syncs", b"state_syncs", "step", b"step", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "unserved_reason", b"unserved_reason", "upload_bytes", b"upload_bytes", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers", "adapter_bytes", b"adapter_bytes", "adapter_hash", b"adapter_hash", "averaging_excluded", b"averaging_excluded", "averaging_rounds", b"averaging_rounds", "averaging_solo", b"averaging_solo", "cotrainers", b"cotrainers", "delta_bytes", b"delta_bytes", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_dropped_banned", b"groups_dropped_banned", "groups_no_signal", b"groups_no_signal", "groups_on_probation", b"groups_on_probation", "groups_rejected", b"groups_rejected", "groups_trained", b"groups_trained", "history", b"history", "holder_versions", b"holder_versions", "job_id", b"job_id", "peers", b"peers", "policy_version", b"policy_version", "recent_verdicts", b"recent_verdicts", "refused", b"refused", "serving_workers", b"serving_workers", "spec_json", b"spec_json", "state", b"state", "state_syncs", b"state_syncs", "step", b"step", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "unserved_reason", b"unserved_reason", "upload_bytes", b"upload_bytes", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__serving_workers: _TypeAlias = _typing.Literal["serving_workers"]  # noqa: Y015
     _WhichOneofArgType__serving_workers: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers"]  # noqa: Y015

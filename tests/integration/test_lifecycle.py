@@ -198,11 +198,26 @@ def test_one_key_one_process_and_a_taken_port_is_refused(roles):
     same_port = roles("trainer2", "trainer", f"grpc_port={port}")
     assert same_port.proc.wait(60) == 2
     _one_line_error(same_port, f"could not serve gRPC on 127.0.0.1:{port}")
+    assert "add_port.cc" not in same_port.output()   # gRPC core's own log line stays out (GRPC_VERBOSITY)
     same_port.check_nothing_left()
 
     assert first.proc.poll() is None, "the first holder keeps running"
     code, _ = first.signal_and_check_ends(signal.SIGTERM)
     assert code == 0
+
+
+def test_a_second_bootstrap_on_a_taken_dht_port_is_refused(roles):
+    """Two bootstraps on one net.dht_port both started (p2pd binds with SO_REUSEPORT); the second
+    is refused in one line, before it starts a DHT, and the first keeps serving."""
+    port = _free_port()
+    first = roles("bootstrap", "bootstrap", f"net.dht_port={port}")
+    assert f"/tcp/{port}/" in first.wait_ready()["maddrs"][0]
+    second = roles("bootstrap2", "bootstrap", f"net.dht_port={port}")
+    assert second.proc.wait(60) == 2
+    _one_line_error(second, f"could not serve the DHT on 127.0.0.1:{port}: the port is taken")
+    second.check_nothing_left()
+    assert first.proc.poll() is None, "the first holder keeps running"
+    assert first.signal_and_check_ends(signal.SIGTERM)[0] == 0
 
 
 STUCK_MAIN_LOOP = """

@@ -36,7 +36,28 @@ def run_dir(tmp_path_factory, model_cache):
     if proc.returncode != 0:
         logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in (out / "run" / "logs").glob("*.log"))
         pytest.fail(f"swarmrl up failed ({proc.returncode}):\n{proc.stderr[-4000:]}\n{logs}")
+    (out / "up.stdout").write_text(proc.stdout)
+    (out / "up.stderr").write_text(proc.stderr)
     return out
+
+
+def test_the_summary_is_on_stdout_and_the_progress_on_stderr(run_dir):
+    """Every line of `up` went to stderr (issue 28 item 5): the result is stdout's."""
+    out, err = (run_dir / "up.stdout").read_text(), (run_dir / "up.stderr").read_text()
+    assert "swarmrl up: summary" in out and "groups_admitted" in out
+    assert "swarmrl up: summary" not in err and "training" in err
+
+
+def test_no_role_ends_in_a_native_abort(run_dir):
+    """The validator ended every run with `terminate called after throwing an instance of
+    'std::system_error' what(): Broken pipe` (issue 28 item 5): torch's allocator freeing
+    hivemind's shared buffers at exit wrote to the torch_shm_manager the exit had already ended.
+    Roles now share through file descriptors (node.cli.native.NATIVE_DEFAULTS): no manager."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["validator"]["checked"] > 0   # the validator did its work (the run that aborted)
+    for log in (run_dir / "run" / "logs").glob("*.log"):
+        text = log.read_text(errors="replace")
+        assert "terminate called" not in text and "std::system_error" not in text, f"{log.name}:\n{text[-2000:]}"
 
 
 def test_outputs_exist_and_versions_advance(run_dir):

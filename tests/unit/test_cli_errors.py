@@ -53,7 +53,14 @@ CASES = [
     ("worker-red-team", ["worker", "-o", "red_team=bogus"], 2, "unknown red-team mode 'bogus'", True),
     ("peers-malformed", ["bootstrap", "--initial-peers", "bogus"], 2, "not a peer multiaddr", True),
     ("peers-twice", ["trainer", "--initial-peers", PEER, "-o", "net.initial_peers=[]"], 2, "give one", True),
-    ("role-unknown-flag", ["worker", "--bogus"], 2, "unrecognized arguments: --bogus", True),
+    ("role-unknown-flag", ["worker", "--bogus"], 2, "unknown option --bogus", True),
+    ("role-flag-typo", ["trainer", "--dry-rn"], 2, "unknown option --dry-rn; did you mean --dry-run?", True),
+    ("up-flag-typo", ["up", "--model", "tiny", "--stpes", "5"], 2, "unknown option --stpes; did you mean --steps?", True),
+    ("up-flag-typo-value", ["up", "--stpes=5", "--model", "tiny"], 2, "unknown option --stpes; did you mean", True),
+    ("status-flag-typo", ["status", "j", "--trainer", DEAD, "--histroy", "3"], 2, "did you mean --history?", True),
+    ("env-check-flag-typo", ["env", "check", "{t}/ok.toml", "--modle", "tiny"], 2, "did you mean --model?", True),
+    ("simulate-flag-typo", ["simulate", "--wokers", "3"], 2, "unknown option --wokers; did you mean --workers?", True),
+    ("top-level-flag", ["--verbose", "up"], 2, "swarmrl: unknown option --verbose", True),
     ("worker-credit-no-key", ["worker", "--credit", "-o", 'key="{t}/nokey.key"'], 2, "no worker key at", True),
     ("submit-missing-file", ["submit", "nosuch.toml", "--trainer", DEAD], 2, "no such file: 'nosuch.toml'", True),
     ("submit-toml-syntax", ["submit", "{t}/syntax.toml", "--trainer", DEAD], 2, "job file", True),
@@ -204,5 +211,109 @@ def test_light_name_tables_match_the_heavy_ones():
 
     assert set(cfgmod.BASE_MODEL_NAMES) == set(model_recipes.ALIASES)
     assert cfgmod.RED_TEAM_MODES == red_team.MODES
-    assert cli_checks.GEMMA_PACKAGE == model_recipes.GEMMA_PACKAGE
-    assert {k: v[0] for k, v in cli_checks.MODEL_PACKAGES.items()} == model_recipes.PACKAGES
+
+
+GRPC_ON_A_TAKEN_PORT = """
+import socket, sys
+from swarmrl.node.cli.native import apply_native_defaults
+if sys.argv[1] == "quiet":
+    apply_native_defaults()   # as main() does first
+import grpc
+with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        grpc.server(None, options=[("grpc.so_reuseport", 0)]).add_insecure_port(f"127.0.0.1:{taken.getsockname()[1]}")
+    except RuntimeError:
+        pass
+"""
+
+
+def test_grpc_core_logs_nothing_on_a_taken_port_unless_asked():
+    """A taken port printed gRPC core's `E... add_port.cc:83] Failed to add port` before our line
+    (issue 28 item 4): GRPC_VERBOSITY defaults to NONE before grpc is imported. Without the
+    default, the same bind prints the line (so this test can fail)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GRPC_")}
+
+    def stderr(mode: str) -> str:
+        return subprocess.run([sys.executable, "-c", GRPC_ON_A_TAKEN_PORT, mode], capture_output=True, text=True,
+                              timeout=120, env=env, check=True).stderr
+
+    assert "add_port.cc" in stderr("default")
+    assert stderr("quiet") == ""
+
+
+def test_grpc_logging_default_gives_way_to_the_users_environment(tmp_path, monkeypatch, capsys):
+    for var in ("GRPC_VERBOSITY", "GRPC_TRACE", "HIVEMIND_MEMORY_SHARING_STRATEGY"):
+        monkeypatch.setenv(var, "")   # recorded, so the test's end restores this process's environment
+        monkeypatch.delenv(var)
+    assert cli.main(["keygen", str(tmp_path / "a.key")]) == 0
+    assert os.environ["GRPC_VERBOSITY"] == "NONE" and "GRPC_TRACE" not in os.environ
+    assert os.environ["HIVEMIND_MEMORY_SHARING_STRATEGY"] == "file_descriptor"   # no torch_shm_manager
+    monkeypatch.setenv("GRPC_VERBOSITY", "DEBUG")
+    assert cli.main(["keygen", str(tmp_path / "b.key")]) == 0
+    assert os.environ["GRPC_VERBOSITY"] == "DEBUG"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="without root --netns says it needs root before looking for tools")
+def test_up_netns_without_nftables_names_the_debian_package(tmp_path):
+    """`up --netns` said `apt-get install -y nft`; Debian's package is nftables (issue 28 item 4)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("ip", "ethtool"):   # everything but nft
+        (bin_dir / tool).symlink_to("/bin/true")
+    env = {**os.environ, "PATH": str(bin_dir), "SWARMRL_TRACEBACK": ""}
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "swarmrl.node.cli.main", "up", "--netns",
+                           "--model", "tiny", "--out", str(tmp_path / "o")], capture_output=True, text=True,
+                          timeout=120, env=env, check=False)
+    lines = [ln for ln in proc.stderr.splitlines() if not ln.startswith("import time:")]
+    assert proc.returncode == 2 and lines == ["swarmrl up: --netns: `nft` is not installed (apt-get install -y nftables)"]
+    imported = {ln.split("|")[-1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+    assert not imported & set(HEAVY)
+
+
+def test_a_taken_dht_port_is_one_line_before_the_dht_starts(tmp_path):
+    """A second `swarmrl bootstrap -o net.dht_port=P` started silently beside the first (p2pd
+    binds with SO_REUSEPORT); now it is refused as a taken gRPC port is."""
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "swarmrl.node.cli.main", "bootstrap", "-o", f"net.dht_port={port}"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [(f"swarmrl bootstrap: could not serve the DHT on 127.0.0.1:{port}: the port is "
+                                        "taken or the address is not ours (net.dht_port=0 picks a free port): "
+                                        "Address already in use")]
+
+
+@pytest.mark.parametrize("override", ["base_model=\"nosuch/model\"", "base_models=[\"tiny\", \"/nonexistent/model\"]"])
+def test_a_dry_run_refuses_what_a_start_refuses_with_the_same_line(tmp_path, override):
+    """`worker --dry-run -o base_model=nosuch/model` exited 0 while a start failed (issue 28 item
+    4): both now run `runtime.preflight` first; the start refuses before it writes a key."""
+    def worker(*flags: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "swarmrl.node.cli.main", "worker", *flags, "-o", override],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+                              env={**os.environ, "SWARMRL_TRACEBACK": ""})
+
+    dry, start = worker("--dry-run"), worker()
+    assert dry.returncode == start.returncode == 2, (dry.stderr, start.stderr)
+    assert len(dry.stderr.splitlines()) == 1 and dry.stderr == start.stderr and "base model" in dry.stderr
+    assert dry.stdout == "" and not (tmp_path / "keys").exists()
+
+
+def test_a_dry_run_refuses_a_taken_port(capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli.main(["validator", "--dry-run", "-o", f"metrics_port={port}"]) == 2
+        assert f"swarmrl validator: could not serve /metrics on 127.0.0.1:{port}" in capsys.readouterr().err
+        assert cli.main(["bootstrap", "--dry-run", "-o", f"net.dht_port={port}"]) == 2
+        assert f"swarmrl bootstrap: could not serve the DHT on 127.0.0.1:{port}" in capsys.readouterr().err
+        assert cli.main(["trainer", "--dry-run", "-o", f"grpc_port={port}"]) == 2
+        assert capsys.readouterr().err == (f"swarmrl trainer: could not serve gRPC on 127.0.0.1:{port}: the port is "
+                                           "taken or the address is not ours (grpc_port=0 picks a free port): "
+                                           "Address already in use\n")
+    assert cli.main(["bootstrap", "--dry-run", "-o", f"net.dht_port={port}"]) == 0   # free again

@@ -228,3 +228,21 @@ def test_fetch_refuses_a_lying_source_counts_it_and_caches_the_good_copy(tmp_pat
     assert fetch_dataset(task, store, trainer=None, stats=stats) == BIG and stats.sources["cache"] == 1
     store.path(task.dataset_sha256).write_bytes(b"corrupt")
     assert store.get(task.dataset_sha256) is None   # re-hashed on read, removed
+
+
+def test_an_empty_split_says_the_distinct_prompts_and_what_to_change(tmp_path: Path, model_cache: Path) -> None:
+    """60 rows of 20 distinct questions were refused with "60 rows leave an empty train or held-out
+    split; add rows" (issue 28 item 4): say how many distinct prompts, how many the fraction holds
+    out, and what to change; the seed it suggests then loads."""
+    rows = [ROWS[i % 20] for i in range(60)]
+    seed = next(s for s in range(100) if not split_rows(rows, "question", s, 0.1)[1])
+    with pytest.raises(ValueError) as err:
+        load_job_file(write_job(tmp_path, jsonl(rows), f"seed = {seed}"), model_cache)
+    message = str(err.value)
+    assert "\n" not in message, message
+    assert (f"60 rows hold 20 distinct prompts (copies of a prompt stay on one side); heldout_fraction 0.1 holds "
+            f"out 0 of them with seed {seed} (about 2.0 on average), leaving no held-out prompt") in message
+    assert "about 30 distinct prompts" in message and "heldout_fraction to 0.15" in message
+    suggested = int(message.split("set seed = ")[1].split()[0])
+    loaded = load_job_file(write_job(tmp_path, jsonl(rows), f"seed = {suggested}"), model_cache)
+    assert loaded.report.heldout_rows > 0 and loaded.report.train_rows > 0

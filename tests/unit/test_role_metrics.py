@@ -100,3 +100,45 @@ def test_validator_metrics_read_the_tallies() -> None:
     assert got[("swarmrl_validator_verdicts_total", (("check", "logprob"), ("job_id", "j1"), ("result", "failed")))] == 1
     assert got[("swarmrl_validator_check_seconds_total", (("check", "regrade"),))] == 0.3
     assert got[("swarmrl_validator_check_groups_total", (("check", "regrade"),))] == 2
+
+
+def test_a_fresh_worker_exposes_its_series_before_any_job(model_cache, tmp_path) -> None:
+    """A worker's /metrics had no swarmrl_ series for its first seconds (issue 28 item 5): a real
+    worker, before it has found a job, exposes its job and data-set series at 0; a fresh job
+    session its drop reasons."""
+    from swarmrl.node.runtime.config import WorkerConfig
+    from swarmrl.node.worker.main import Worker
+    from swarmrl.protocol.identity import Identity
+
+    worker = Worker(WorkerConfig(base_model="tiny", cache_dir=model_cache, key=tmp_path / "w.key"),
+                    Identity.from_seed(b"w" * 32))
+    try:
+        got = _scrape(worker.metrics)   # what run() serves at /metrics
+    finally:
+        worker.close()
+    assert got[("swarmrl_worker_jobs_active", ())] == 0 and got[("swarmrl_worker_jobs_finished", ())] == 0
+    assert got[("swarmrl_worker_jobs_skipped", ())] == 0
+    for source in ("cache", "peer", "trainer"):
+        assert got[("swarmrl_worker_dataset_fetches_total", (("source", source),))] == 0
+    assert got[("swarmrl_worker_dataset_transfers_refused_total", ())] == 0
+    session = SimpleNamespace(stats=SessionStats(), record=pb.JobRecord(), replica=SimpleNamespace(version=0),
+                              sync=SimpleNamespace(stats=SimpleNamespace(bytes_from_peers=0, bytes_from_trainer=0,
+                                                                         rejected=0), gossip=None))
+    fresh = _scrape(lambda: worker_metrics({"j1": session}, {}))
+    assert fresh[("swarmrl_worker_groups_dropped_total", (("job_id", "j1"), ("reason", "nonfinite_logprobs")))] == 0
+
+
+def test_a_fresh_trainer_exposes_its_labelled_series_at_zero() -> None:
+    """A real stream guard that refused nothing yet: every bound and ending is a series at 0."""
+    from swarmrl.node.net.grpc_guard import StreamGuard
+    from swarmrl.node.runtime.limits import GrpcLimits
+
+    guard = StreamGuard(GrpcLimits())
+    try:
+        got = _scrape(lambda: trainer_metrics(SimpleNamespace(jobs={}, unrouted_rejections=0, grpc_guard=guard)))
+    finally:
+        guard.close()
+    for reason in ("total", "per_peer", "per_address"):
+        assert got[("swarmrl_trainer_grpc_streams_refused_total", (("reason", reason),))] == 0
+    for reason in ("deadline", "idle"):
+        assert got[("swarmrl_trainer_grpc_streams_ended_total", (("reason", reason),))] == 0

@@ -322,7 +322,32 @@ def test_a_batch_without_signal_publishes_nothing(tmp_path, model_cache, clock) 
     assert ledger.count_pending(job.job_id) == 0 and not job.ready()
     row = step_on([1.0, 0.0])
     assert row is not None and job.version == 4 and row["batches_without_signal"] == 1.0
+    _no_signal_is_counted_apart(job, worker.peer_id)
     ledger.close()
+
+
+def _no_signal_is_counted_apart(job: JobRuntime, peer_id: str) -> None:
+    """The group of the batch without signal is no_signal, not trained (issue 28 item 5: status
+    showed 4 groups trained per step, 40 in 10 steps, and "trained 112" for the same worker): in
+    the ledger, the status (job and peer), the trainer's /metrics and status's table titles."""
+    from swarmrl.node.cli.status import peers_table, steps_table
+    from swarmrl.node.ops.metrics import Families
+    from swarmrl.node.trainer.metrics import job_families
+
+    assert job.ledger.group_counts(job.job_id) == {"trained": 4, "no_signal": 1}
+    st = job_status(job, history=2)
+    peer = {p.peer_id: p for p in st.peers}[peer_id]
+    assert (st.groups_trained, st.groups_no_signal, st.groups_admitted) == (4, 1, 5)
+    assert (peer.groups_trained, peer.groups_no_signal, peer.groups_admitted) == (4, 1, 5)
+    f = Families()
+    job_families(f, job)
+    samples = {s.name: s.value for m in f for s in m.samples}
+    assert samples["swarmrl_trainer_groups_trained_total"] == 4
+    assert samples["swarmrl_trainer_groups_no_signal_total"] == 1
+    steps, peers = steps_table(st), peers_table(st)
+    assert steps.title == "recent steps (the last 2 of 4)" and [c.header for c in steps.columns][4] == "groups trained"
+    assert str(peers.title).startswith("peers, over all 4 steps")
+    assert [c.header for c in peers.columns][2:4] == ["groups trained into versions", "no signal"]
 
 
 def test_prompt_ids_reuse_a_prompt_rendered_for_another_index(runtime, monkeypatch) -> None:
