@@ -36,7 +36,11 @@ COPY validator ./validator
 COPY simulations ./simulations
 RUN python3 -m venv /opt/venv \
     && { [ -z "$CA_CERT" ] || export PIP_CERT="$CA_CERT"; } && { [ -z "$WHEELS" ] || export PIP_FIND_LINKS="$WHEELS"; } \
-    && pip install --extra-index-url "$TORCH_INDEX" .
+    && pip install --extra-index-url "$TORCH_INDEX" . \
+    && cd / && rm -rf /app
+# the sources are gone once installed: a `swarmrl` folder in the working directory would shadow
+# the installed package for `python -m swarmrl...` (how `swarmrl up` starts its roles)
+WORKDIR /data
 
 USER swarmrl
 VOLUME /data
