@@ -3,7 +3,11 @@ key lock and a bounded exit.
 
 Every role process ends within `SHUTDOWN_GRACE_S` (+ about a second) of SIGTERM / SIGINT, in any
 state, and takes its children with it:
-- before the role is serving (its first ready file), a signal aborts start-up (SystemExit);
+- before the role is serving (its first ready file), a signal ends it at once: its children are
+  ended and it exits (128 + signal) from the handler, without unwinding a half-made start (a DHT
+  still booting, a model loading: at a load of 8 on 2 cores their teardown could outlast the
+  grace period); nothing a role accepts or writes before serving needs a clean stop (a start-up's
+  files are written atomically, as they must be to survive a SIGKILL);
 - once serving, a signal sets the stop event and the main loop winds down;
 - either way a watchdog, armed by the signal (seen even while the main thread is stuck in C),
   ends the children and exits hard when the grace period runs out; a second signal does so at once;
@@ -122,14 +126,14 @@ def _stop_when_parent_dies() -> None:
 
 
 def _on_signal(signum: int, _frame: FrameType | None) -> None:
-    """The Python-level handler (main thread): stop, or abort start-up; a second signal: exit now."""
+    """The Python-level handler (main thread): stop, or end start-up now; a second signal: exit now."""
     _life.signals += 1
     _arm_watchdog(128 + signum)
     _life.stop.set()
     if _life.signals > 1:
         _hard_exit(128 + signum, "second signal")
     if not (_life.serving or _life.exiting):
-        raise SystemExit(128 + signum)
+        _hard_exit(128 + signum, f"{signal.Signals(signum).name} during start-up")
 
 
 def _watch_signals_from_a_thread() -> None:
