@@ -284,14 +284,19 @@ class Admission:
         """Record a trusted validator's verdicts; ban peers with a failed banning check. Returns
         the newly banned peers.
 
-        Only verdicts the ledger newly recorded are acted on: a report delivered twice (a retry
-        after a lost ack, or a replay) counts once, so replaying it after the ban it caused has
-        expired does not ban the peer again."""
+        Only verdicts the ledger has not recorded yet are acted on: a report delivered twice (a
+        retry after a lost ack, or a replay) counts once, so replaying it after the ban it caused
+        has expired does not ban the peer again. The bans are made before the verdicts are
+        recorded: a crash (or a failed ban) in between leaves them unrecorded, and the
+        validator's retry bans then."""
         newly = []
-        for v in self.ledger.add_verdicts(self.job_id, validator_id, report.verdicts, self.now_ms()):
-            if not v.passed and v.check in BANNING_CHECKS and v.peer_id not in self.banned:
-                self.ban(v.peer_id, f"{v.check}: {v.detail}")
-                newly.append(v.peer_id)
+        with self.gate:   # one report at a time: two deliveries at once can't both find it new
+            fresh = self.ledger.unseen_verdicts(validator_id, report.verdicts)
+            for v in fresh:
+                if not v.passed and v.check in BANNING_CHECKS and v.peer_id not in self.banned:
+                    self.ban(v.peer_id, f"{v.check}: {v.detail}")
+                    newly.append(v.peer_id)
+            self.ledger.add_verdicts(self.job_id, validator_id, fresh, self.now_ms())
         return newly
 
     def take_rejections(self) -> int:

@@ -55,6 +55,22 @@ class PeerTables:
                     new.append(v)
         return new
 
+    def unseen_verdicts(self, validator_id: str, verdicts: Iterable[pb.Verdict]) -> list[pb.Verdict]:
+        """The verdicts `add_verdicts` would newly record (none of the ledger's, no repeat among
+        them), in order, without recording them: a caller acts on them first, then records them,
+        so a crash in between leaves them unrecorded and a retry acts again."""
+        new, seen = [], set()
+        for v in verdicts:
+            key = (v.batch_id, v.prompt_index)
+            if key in seen:
+                continue
+            seen.add(key)
+            rows = self._query("SELECT 1 FROM verdicts WHERE validator_id = ? AND batch_id = ? AND prompt_index = ?"
+                               " LIMIT 1", (validator_id, v.batch_id, v.prompt_index))   # the table's unique key
+            if not rows:
+                new.append(v)
+        return new
+
     def recent_verdicts(self, job_id: str, limit: int) -> list[pb.VerdictRecord]:
         """The job's newest `limit` verdicts, newest first."""
         rows = self._query(

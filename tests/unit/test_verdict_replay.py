@@ -52,3 +52,28 @@ def test_a_report_delivered_twice_bans_once_and_a_replay_after_expiry_does_not_b
     assert ledger.count_pending(job.job_id) == 1                            # its fresh group is kept
     assert job.admission.request_lease(cheat.peer_id, pb.LeaseRequest(job_id=job.job_id)).reason != "banned"
     assert ledger.verdict_counts(job.job_id) == (1, 1)
+
+
+def test_a_ban_that_failed_is_made_by_the_validators_retry(runtime, monkeypatch) -> None:  # noqa: F811
+    """Fault injection: the first ban raises (a full disk, a crash between the two writes). The
+    verdicts were not recorded, so the validator's retry of the same report bans."""
+    job, ledger, _ = runtime
+    cheat = Identity.from_seed(b"d" * 32)
+    lease = _lease(job, cheat)
+    assert _submit(job, _honest_batch(job, cheat, lease)).groups[0].admitted
+    report = _report(job.job_id, cheat.peer_id, "b-fail", lease.prompt_indices[0])
+    real_ban = job.admission.ban
+
+    def failing_ban(*args, **kwargs):
+        monkeypatch.setattr(job.admission, "ban", real_ban)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(job.admission, "ban", failing_ban)
+    try:
+        job.admission.apply_verdicts("validator", report)
+    except OSError:
+        pass
+    assert cheat.peer_id not in job.admission.banned and ledger.verdict_counts(job.job_id) == (0, 0)
+    assert job.admission.apply_verdicts("validator", report) == [cheat.peer_id]   # the retry bans
+    assert ledger.verdict_counts(job.job_id) == (1, 1)
+    assert ledger.unseen_verdicts("validator", report.verdicts) == []
