@@ -254,7 +254,7 @@ def run_swarm(spec: JobSpec, model: str, checkpoints: list[float], out: Path, ti
     shutil.rmtree(run_dir, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     cmd = [str(Path(sys.executable).with_name("swarmrl")), "up", "--model", model, "--steps", str(spec.steps),
-           "--seed", str(spec.seed), "--out", str(run_dir), "--timeout", str(timeout_s)]
+           "--seed", str(spec.seed), "--out", str(run_dir), "--timeout", str(timeout_s), "--no-eval"]   # it scores its own checkpoints
     result, stop = ArmResult(), threading.Event()
     watcher = threading.Thread(target=_watch_swarm, args=(run_dir, spec, sorted(checkpoints), out, result, stop))
     watcher.start()

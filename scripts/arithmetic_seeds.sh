@@ -17,11 +17,11 @@ for seed in $SEEDS; do
     [ -f "$run/eval.json" ] && continue
     t0=$(date +%s)
     if [ "$kind" = dataset ]; then
-      .venv/bin/swarmrl up "$OUT/arith/arithmetic.toml" --seed "$seed" --out "$run" > "$run.up.log" 2>&1
+      .venv/bin/swarmrl up "$OUT/arith/arithmetic.toml" --seed "$seed" --no-eval --out "$run" > "$run.up.log" 2>&1
       rc=$?
       .venv/bin/swarmrl eval "$OUT/arith/arithmetic.toml" --seed "$seed" --adapter "$run/adapter" --n 200 > "$run.eval.log" 2>&1
     else
-      .venv/bin/swarmrl up --model gemma --seed "$seed" --out "$run" > "$run.up.log" 2>&1
+      .venv/bin/swarmrl up --model gemma --seed "$seed" --no-eval --out "$run" > "$run.up.log" 2>&1
       rc=$?
       .venv/bin/swarmrl eval --adapter "$run/adapter" --n 200 > "$run.eval.log" 2>&1
     fi

@@ -17,7 +17,7 @@ for seed in $SEEDS; do
   run=$OUT/seed-$seed
   [ -f "$run/eval.json" ] && continue
   t0=$(date +%s)
-  nice -n 10 .venv/bin/swarmrl up "$JOB" --seed "$seed" --out "$run" --timeout 5400 "$@" > "$run.up.log" 2>&1
+  nice -n 10 .venv/bin/swarmrl up "$JOB" --seed "$seed" --no-eval --out "$run" --timeout 5400 "$@" > "$run.up.log" 2>&1
   rc=$?
   t1=$(date +%s)
   nice -n 10 .venv/bin/swarmrl eval "$JOB" --seed "$seed" --adapter "$run/adapter" --n "$N" > "$run.eval.log" 2>&1

@@ -133,18 +133,27 @@ def _raise_signalled(signum: int, _frame: FrameType | None) -> None:
 
 def _headline(summary: dict[str, Any], opts: UpOptions, run: RunSoFar) -> dict[str, Any]:
     """Held-out accuracy, greedy, of the base model and of the final adapter, into summary.json
-    and as the last line printed (`--no-eval`: neither)."""
+    and as the last line on stdout, a result like the summary table (`--no-eval`: neither). The
+    run has trained and kept its outputs by now: an evaluation that fails is one warning and
+    `heldout_error` in summary.json, not a failed run."""
     if not opts.eval_n or run.spec is None:
         return summary
     from swarmrl.node.evaluation.heldout import heldout_of_job
 
-    with console.status(f"held-out evaluation: base vs adapter on {opts.eval_n} prompts (greedy)"):
-        base, tuned = heldout_of_job(opts.out / "adapter", run.spec, run.dataset, n=opts.eval_n,
-                                     cache_dir=opts.cache_dir)
+    try:
+        with console.status(f"held-out evaluation: base vs adapter on {opts.eval_n} prompts (greedy)"):
+            base, tuned = heldout_of_job(opts.out / "adapter", run.spec, run.dataset, n=opts.eval_n,
+                                         cache_dir=opts.cache_dir)
+    except Exception as exc:  # noqa: BLE001 - the training's outputs are kept; the figure is what failed
+        summary["heldout_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        (opts.out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+        console.print(f"swarmrl up: warning: the held-out evaluation failed ({summary['heldout_error']}); "
+                      f"the run's outputs are kept in {opts.out}", markup=False, highlight=False)
+        return summary
     summary.update(heldout_accuracy_base=base.accuracy, heldout_accuracy_adapter=tuned.accuracy, heldout_n=tuned.n)
     (opts.out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
-    console.print(f"held-out accuracy, greedy: base {base.accuracy:.3f} -> adapter {tuned.accuracy:.3f} (n={tuned.n})",
-                  markup=False, highlight=False)
+    print(f"held-out accuracy, greedy: base {base.accuracy:.3f} -> adapter {tuned.accuracy:.3f} (n={tuned.n})",
+          flush=True)
     return summary
 
 

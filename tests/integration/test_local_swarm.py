@@ -116,7 +116,7 @@ def test_up_ends_with_the_heldout_accuracy_of_base_and_adapter(run_dir):
     summary = json.loads((run_dir / "summary.json").read_text())
     base, tuned, n = summary["heldout_accuracy_base"], summary["heldout_accuracy_adapter"], summary["heldout_n"]
     assert n == EVAL_N and 0.0 <= base <= 1.0 and 0.0 <= tuned <= 1.0
-    last = (run_dir / "up.stderr").read_text().splitlines()[-1]
+    last = (run_dir / "up.stdout").read_text().splitlines()[-1]   # a result: on stdout, after the table
     assert last == f"held-out accuracy, greedy: base {base:.3f} -> adapter {tuned:.3f} (n={EVAL_N})"
     card = json.loads((run_dir / "adapter" / "swarmrl.json").read_text())
     assert card["heldout"] == {"base_accuracy": base, "adapter_accuracy": tuned, "n": EVAL_N}
