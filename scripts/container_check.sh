@@ -4,6 +4,8 @@
 # The build alone uses the host's network, for its package installs; the runs use --network none.
 #
 #   bash scripts/container_check.sh            # BASE=python:3.11-slim unless BASE is set
+#   SMOKE_ONLY=1 bash scripts/container_check.sh   # only the runs, on the image built before (no network
+#                                                  # needed: tests/integration/test_container.py)
 #
 # Where the base image's registry is out of reach (this workplace reaches PyPI and Debian only),
 # BASE=debootstrap makes a Debian bookworm base (python3, python3-venv) with debootstrap first.
@@ -31,6 +33,9 @@ if [ "$BASE" = debootstrap ]; then
     tar -C "$root" -c . | "${pod[@]}" import - "$BASE" >/dev/null
   fi
 fi
+if [ "${SMOKE_ONLY:-}" = 1 ]; then
+  "${pod[@]}" image exists "$TAG" || { say "no image $TAG yet: build it with bash scripts/container_check.sh (needs the package registry)"; exit 3; }
+else
 args=(--build-arg "BASE=$BASE")
 [ -d "$WHEELS" ] && args+=(--volume "$WHEELS:/wheels:ro" --build-arg WHEELS=/wheels --build-arg TORCH_INDEX=https://pypi.org/simple)
 [ -f "$CA" ] && args+=(--volume "$CA:/host-ca.crt:ro" --build-arg CA_CERT=/host-ca.crt)
@@ -38,10 +43,13 @@ t0=$(date +%s)
 "${pod[@]}" build -q --network host "${lim[@]}" "${args[@]}" -t "$TAG" . >/dev/null \
   || { say "the image did not build (podman build failed; rerun without -q to see why)"; exit 1; }
 say "built $TAG in $(( $(date +%s) - t0 )) s"
+fi
 run=("${pod[@]}" run --rm --network none "${lim[@]}" --entrypoint swarmrl "$TAG")
-"${run[@]}" --help >/dev/null && say "swarmrl --help: ok"
-"${run[@]}" worker --dry-run -o base_model='"tiny"' >/dev/null && say "worker --dry-run: ok"
+"${run[@]}" --help >/dev/null || { say "swarmrl --help failed in the image"; exit 1; }
+say "swarmrl --help: ok"
+"${run[@]}" worker --dry-run -o base_model='"tiny"' >/dev/null || { say "worker --dry-run failed in the image"; exit 1; }
+say "worker --dry-run: ok"
 t0=$(date +%s)
-"${run[@]}" up --model tiny --steps 2 --no-eval --out /tmp/up >/dev/null 2>&1 \
-  || "${run[@]}" up --model tiny --steps 2 --out /tmp/up >/dev/null \
-  && say "swarmrl up --model tiny --steps 2 (--network none): ok in $(( $(date +%s) - t0 )) s"
+"${run[@]}" up --model tiny --steps 2 --no-eval --out /tmp/up >/dev/null \
+  || { say "swarmrl up --model tiny --steps 2 failed in the image (--network none)"; exit 1; }
+say "swarmrl up --model tiny --steps 2 (--network none): ok in $(( $(date +%s) - t0 )) s"

@@ -1,8 +1,9 @@
 """A worker as a service (issue 11 item 9): the Docker image builds and answers (where a Docker
-daemon runs), and a worker killed mid-flight restarts as the same peer with nothing to resend."""
+daemon runs; with podman where it is installed and the image was built), and a worker killed mid-flight restarts as the same peer with nothing to resend."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -35,6 +36,23 @@ def test_docker_image_builds_and_resolves_the_worker_config() -> None:
     out = subprocess.run(["docker", "run", "--rm", "--network", "none", tag, "--dry-run", "-o", "net.client_mode=true"],
                          capture_output=True, text=True, check=True, timeout=300).stdout
     assert '"client_mode": true' in out and '"/data/keys/worker.key"' in out
+
+
+@pytest.mark.slow
+def test_the_podman_image_runs_with_no_network() -> None:
+    """Issue 28 item 8, where podman runs (no daemon needed): the image `scripts/container_check.sh`
+    built (it needs the package registry, so the build is that script's, outside the tests'
+    private network namespace) answers --help and a worker --dry-run, and runs a tiny
+    `swarmrl up` inside, all with --network none."""
+    if shutil.which("podman") is None or shutil.which("runc") is None:
+        pytest.skip("podman and runc are not installed (apt-get install -y podman runc)")
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "container_check.sh")], env={**os.environ, "SMOKE_ONLY": "1"},
+                          capture_output=True, text=True, timeout=900, check=False)
+    if done.returncode == 3:
+        pytest.skip(done.stderr.strip().splitlines()[-1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    for line in ("swarmrl --help: ok", "worker --dry-run: ok", "swarmrl up --model tiny --steps 2 (--network none): ok"):
+        assert line in done.stderr, done.stderr
 
 
 _HOLDER = textwrap.dedent("""
