@@ -1,5 +1,6 @@
 """A worker as a service (issue 11 item 9): the Docker image builds and answers (where a Docker
-daemon runs; with podman where it is installed and the image was built), and a worker killed mid-flight restarts as the same peer with nothing to resend."""
+daemon runs; with podman where it is installed and the image was built), and a worker killed
+mid-flight restarts as the same peer with nothing to resend."""
 
 from __future__ import annotations
 
