@@ -322,9 +322,11 @@ def split_advice(rows: Sequence[dict[str, Any]], prompt_field: str, seed: int, h
         return f"{head}: lower [environment] heldout_fraction or add rows with new prompts"
     fixes = [(f"add rows with new prompts (about {math.ceil(WANTED_HELDOUT / f)} distinct prompts hold out "
              f"{WANTED_HELDOUT} on average)")]
-    if n > WANTED_HELDOUT:
-        fixes.append(f"raise [environment] heldout_fraction to {math.ceil(100 * WANTED_HELDOUT / n) / 100:g}")
-    good = next((s for s in range(seed + 1, seed + 1001) if 0 < sum(_held_out(p, s, f) for p in prompts) < n), None)
+    raised = math.ceil(100 * WANTED_HELDOUT / n) / 100
+    if n > WANTED_HELDOUT and raised > f:   # a larger fraction, never a smaller one
+        fixes.append(f"raise [environment] heldout_fraction to {raised:g}")
+    tries = range(seed + 1, seed + 1 + max(1, min(1000, 200_000 // max(n, 1))))   # at most ~200k hashes
+    good = next((s for s in tries if 0 < sum(_held_out(p, s, f) for p in prompts) < n), None)
     if good is not None:
         fixes.append(f"set seed = {good} (holds out {sum(_held_out(p, good, f) for p in prompts)})")
     return f"{head}: " + ", or ".join(fixes)
