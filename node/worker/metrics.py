@@ -16,6 +16,7 @@ from prometheus_client.core import Metric
 
 from swarmrl.node.ops.metrics import Families, with_known
 from swarmrl.node.swarm.datasets import DatasetFetchStats
+from swarmrl.protocol.receipts import REASONS as RECEIPT_REASONS
 
 if TYPE_CHECKING:
     from swarmrl.node.worker.session import JobSession
@@ -77,7 +78,7 @@ def session_families(f: Families, job_id: str, session: JobSession | SimpleNames
     for reason, n in with_known(s.groups_dropped, DROP_REASONS):
         f.counter(P + "groups_dropped_total", "groups generated but never signed, by reason", {**j, "reason": reason}, n)
     f.counter(P + "receipts_kept_total", "trainer-signed batch receipts verified and kept", j, s.receipts_kept)
-    for reason, n in sorted(s.receipts_refused.items()):
+    for reason, n in with_known(s.receipts_refused, RECEIPT_REASONS):
         f.counter(P + "receipts_refused_total", "batch receipts refused (forged, unsigned, not this batch), by reason",
                   {**j, "reason": reason}, n)
     f.counter(P + "engine_faults_total", "inference engine failures (each retried after recovery, or the lease skipped)",
