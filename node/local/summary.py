@@ -29,7 +29,8 @@ def summarize(st: pb.JobStatus, spec: JobSpec, job_id: str, version: int, adapte
     reward_first / reward_last: mean of the per-step mean rewards over the first / last
     `reward_window` steps (5 from 20 steps on, fewer in shorter runs); reward_last_step: the last
     step's alone (what the live status line shows). groups_admitted: every admitted group,
-    pending, dropped (stale, banned) and trained alike. The other parts: `red_team_summary`,
+    pending, dropped (stale, banned), trained and no_signal alike; groups_trained: those trained
+    into versions; groups_no_signal: those consumed by batches with no learning signal. The other parts: `red_team_summary`,
     `swarm_figures` (node/swarm/figures.py) and `disk` (`DiskWatch.report`).
     """
     rewards = [h.reward_mean for h in st.history if not math.isnan(h.reward_mean)]
@@ -44,6 +45,7 @@ def summarize(st: pb.JobStatus, spec: JobSpec, job_id: str, version: int, adapte
         "reward_last_step": rewards[-1] if rewards else math.nan,
         "reward_window": k,
         "groups_admitted": int(st.groups_admitted), "groups_dropped": int(st.groups_dropped),
+        "groups_trained": int(st.groups_trained), "groups_no_signal": int(st.groups_no_signal),
         "groups_rejected": dict(st.groups_rejected),
         "validator": {"checked": int(st.validator_checked), "failed": int(st.validator_failed)},
         "serving_workers": int(st.serving_workers) if st.HasField("serving_workers") else None,
