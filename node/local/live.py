@@ -84,22 +84,31 @@ class LiveLine:
                                     highlight=False, soft_wrap=True)
 
 
+STATUS_ERRORS_IN_A_ROW = 5   # a trainer's status error (a bug there) fails the run only when it persists
+
+
 def follow(swarm: LocalSwarm, endpoint: str, job_id: str, spec: JobSpec, timeout_s: float, live: LiveLine,
            watch: list[str] | None = None, disk: Sampler | None = None) -> pb.JobStatus:
     """Show live progress until the job is done; returns the final status (full history)."""
     deadline = time.monotonic() + timeout_s
+    failed = 0   # status calls in a row that the trainer answered with an error
     while True:
         swarm.check_alive(watch or ["bootstrap", "trainer", "validator"])
         try:
             st = job_status(endpoint, job_id, history=1)
         except grpc.RpcError as exc:   # a busy trainer on a loaded machine: ask again (its death
-            if exc.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
-                raise                  # is check_alive's to report)
-            live.console.print(f"[yellow]status:[/] {exc.code().name}; asking again")
+            transient = exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+            failed = 0 if transient else failed + 1   # is check_alive's to report)
+            if failed > STATUS_ERRORS_IN_A_ROW:
+                raise SwarmFailed(f"the trainer's status failed {failed} times in a row: {exc.code().name}: "
+                                  f"{exc.details()} (its log: run/logs/trainer.log)") from exc
+            live.console.print(f"[yellow]status:[/] {exc.code().name}"
+                               f"{'' if transient else ': ' + str(exc.details())}; asking again")
             if time.monotonic() > deadline:
                 raise SwarmFailed(f"job not done after {timeout_s:.0f}s (trainer not answering)") from exc
             time.sleep(2.0)
             continue
+        failed = 0
         live.show(st)
         if disk is not None:
             disk.sample()

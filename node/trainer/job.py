@@ -205,7 +205,7 @@ class JobRuntime:
         cutoff = self.trainable_cutoff()
         if cutoff is None:
             return 0
-        return self.ledger.count_pending(self.job_id) - self.ledger.count_pending(self.job_id, held_after_ms=cutoff)
+        return self.ledger.count_on_probation(self.job_id, cutoff)
 
     def take_batch(self) -> list[PendingGroup]:
         """The next trainable pending groups still inside the staleness window, oldest first, at

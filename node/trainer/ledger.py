@@ -227,6 +227,14 @@ class Ledger(PeerTables):
         return int(self._query(
             f"SELECT COUNT(*) FROM groups g JOIN batches b ON b.seq = g.batch_seq WHERE {where}", args)[0][0])
 
+    def count_on_probation(self, job_id: str, held_after_ms: int) -> int:
+        """Pending groups of the job that are not trainable yet (held after `held_after_ms`, their
+        peer with no passing verdict): one query, so groups admitted meanwhile can't make it
+        negative, as the difference of two counts could."""
+        return int(self._query(
+            "SELECT COUNT(*) FROM groups g JOIN batches b ON b.seq = g.batch_seq"
+            f" WHERE g.job_id = ? AND g.state = 'pending' AND NOT {self._TRAINABLE}", (job_id, held_after_ms))[0][0])
+
     def mark(self, row_ids: Iterable[int], state: str, *, step: int | None = None, note: str = "") -> None:
         """Set the state (e.g. "trained", "no_signal", "dropped") of the groups with ledger ids `row_ids`.
 
