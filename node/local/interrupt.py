@@ -5,7 +5,8 @@ reads the first trainer's state folder, which nothing writes any more: the newes
 adapter (the nearest snapshot plus the deltas after it, `AdapterStore.state_at`, as every
 replica rebuilds it) goes to `out/adapter` in PEFT format, the ledger's step rows to metrics.csv
 and reward.png, and summary.json is marked `"interrupted": true`. A second signal can't cut
-this short (`saving`), and a hard bound ends the process if saving ever hangs.
+this short (`saving`), and a hard bound ends the process if saving ever hangs. A run that fails
+(a role died, a timeout) keeps the same, with `"interrupted_by": "failure"`.
 """
 
 from __future__ import annotations
@@ -167,9 +168,19 @@ def interrupted_line(signum: int, run: RunSoFar) -> str:
                 f"summary.json are in {run.out} (no held-out figures)")
     if run.job_id is None:
         return f"interrupted by {name} before the job was submitted: nothing to keep"
-    kept = run.kept
-    if kept is None:
+    if run.kept is None:
         return f"interrupted by {name} while stopping the swarm: nothing was kept"
-    what = f"the adapter of version {kept.version}, " if kept.version is not None else "no adapter (none stored), "
-    return (f"interrupted by {name} at step {kept.steps} of {kept.total_steps}: kept {what}"
-            f"metrics.csv, summary.json in {run.out}")
+    return f"interrupted by {name} at step {run.kept.steps} of {run.kept.total_steps}: {_kept(run)}"
+
+
+def failed_line(run: RunSoFar) -> str:
+    """What a failed `up` kept, one line, said after the failure's own."""
+    if run.kept is None:
+        return "nothing was kept (no job submitted yet)"
+    return f"the run reached step {run.kept.steps} of {run.kept.total_steps}: {_kept(run)}"
+
+
+def _kept(run: RunSoFar) -> str:
+    assert run.kept is not None
+    what = f"the adapter of version {run.kept.version}, " if run.kept.version is not None else "no adapter (none stored), "
+    return f"kept {what}metrics.csv, summary.json in {run.out}"

@@ -26,6 +26,7 @@ from swarmrl.node.local.interrupt import (
     RunSoFar,
     Signalled,
     UpInterrupted,
+    failed_line,
     interrupted_line,
     keep_what_it_did,
     saving,
@@ -34,7 +35,7 @@ from swarmrl.node.local.interrupt import (
 )
 from swarmrl.node.local.live import LiveLine, follow
 from swarmrl.node.local.netns import swarm_for_up
-from swarmrl.node.local.processes import LocalSwarm, signal_handler
+from swarmrl.node.local.processes import LocalSwarm, SwarmFailed, signal_handler
 from swarmrl.node.local.summary import print_summary, red_team_summary, summarize, write_outputs
 from swarmrl.node.models.base_model import (
     find_base_model,
@@ -123,6 +124,13 @@ def _run_up(opts: UpOptions, run: RunSoFar) -> dict[str, Any]:
                 swarm.stop_all()
                 run.kept = keep_what_it_did(run, signal.Signals(signum).name)
             raise UpInterrupted(128 + signum, interrupted_line(signum, run)) from None
+        except SwarmFailed as exc:   # a role died, a timeout: keep what the run did, as an interrupt does
+            with saving():
+                warm_plotting()
+                swarm.stop_all()
+                run.kept = keep_what_it_did(run, "failure")
+            first, _, rest = str(exc).partition("\n")   # the first line is the one a person sees
+            raise SwarmFailed(f"{first.rstrip(':')}; {failed_line(run)}\n{rest}") from exc
         finally:
             swarm.stop_all()
 

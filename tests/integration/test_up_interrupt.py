@@ -5,13 +5,16 @@ in one line and exits 143 (130) within seconds."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,6 +24,7 @@ from swarmrl.node.local.interrupt import SAVE_BOUND_S
 from swarmrl.node.local.processes import STOP_S
 from swarmrl.node.models.base_model import prepare_base_model
 from swarmrl.node.models.causal_lm import load_causal_lm
+from swarmrl.node.runtime.procs import descendants
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOTAL = 60
@@ -73,3 +77,46 @@ def test_an_interrupt_keeps_the_adapter_metrics_and_summary(tmp_path, model_cach
     model = PeftModel.from_pretrained(base, str(out / "adapter"))
     with torch.no_grad():
         assert torch.isfinite(model(torch.tensor([tok("Question: What is 1+2?").input_ids])).logits).all()
+
+
+def _role_pid(up_pid: int, role: str) -> int | None:
+    """The pid of `up`'s child running `swarmrl <role>` (its command line names the role)."""
+    for pid in descendants(up_pid):
+        with contextlib.suppress(OSError):
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+            if "swarmrl.node.cli.main" in cmd and cmd[cmd.index("swarmrl.node.cli.main") + 1:][:1] == [role]:
+                return pid
+    return None
+
+
+def test_a_failed_run_keeps_the_adapter_metrics_and_summary(tmp_path, model_cache) -> None:
+    """A role that dies mid-run (the validator, SIGKILL) fails the run in one line, exit 1, and the
+    run keeps what it did as an interrupt does (summary.json: interrupted_by "failure")."""
+    out, log = tmp_path / "up", tmp_path / "up.log"
+    with open(log, "wb") as f:
+        up = subprocess.Popen([sys.executable, "-m", "swarmrl.node.cli.main", "up", "--model", "tiny", "--steps",
+                               str(TOTAL), "--workers", "2", "--out", str(out), "--cache-dir", str(model_cache),
+                               "--no-eval"], stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while _step_shown(log.read_text(errors="replace")) < 2:
+            assert up.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        validator = _role_pid(up.pid, "validator")
+        assert validator is not None
+        os.kill(validator, signal.SIGKILL)
+        code = up.wait(STOP_S + SAVE_BOUND_S + 30)
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+    text = log.read_text(errors="replace")
+    assert code == 1 and "Traceback" not in text, text[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["interrupted_by"] == "failure"
+    steps, version = summary["steps"], summary["final_version"]
+    assert 2 <= steps < TOTAL and version >= steps
+    assert text.splitlines()[-1] == (f"swarmrl up: validator exited with code -9; the run reached step {steps} of "
+                                     f"{TOTAL}: kept the adapter of version {version}, metrics.csv, summary.json in "
+                                     f"{out} (logs: {out}/run/logs/)")
+    assert json.loads((out / "adapter" / "swarmrl.json").read_text())["policy_version"] == version
