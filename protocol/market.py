@@ -8,9 +8,14 @@ The rule (docs/MARKET.md says why it is fair):
    weight (with replacement) and takes the one with the lower service; on a tie, either one with
    probability 1/2. So when every job is served alike (or nothing is known yet) a job is chosen
    with probability exactly weight / total weight; otherwise the draw leans to the under-served.
-4. A worker keeps its job while the job wants work: it draws one challenger (by weight) and
-   moves only if the challenger's service is below `(1 - margin)` times its own job's, so
-   workers drift from over-served jobs to under-served ones without thrashing on noise.
+4. A worker keeps its job while the job wants work, which its trainer's live answer tells (a
+   lease, or `busy`: then the worker drops it), not the record's capacity, which is as old as
+   the record. It draws one challenger among the candidates and its own job (by weight) and,
+   if the challenger's service is below `(1 - margin)` times its own job's, moves with
+   probability `1 - challenger's / own`. So workers drift from over-served jobs to under-served
+   ones in proportion to the gap, without thrashing on noise, and without the herd that a
+   sure move makes when every worker reads the same stale records: with two jobs, the workers
+   that move in one pass are about the excess (benchmarks/market_rule.py --stale).
 
 Why randomized: 10,000 workers reading the same records would all pick the same "best" job;
 independent weighted draws spread them by weight, and the second draw only sharpens that.
@@ -57,25 +62,31 @@ def service(offer: Offer, cap: float = MAX_WEIGHT) -> float:
 
 def choose_job(offers: Sequence[Offer], rng: random.Random, *, current: str | None = None,
                cap: float = MAX_WEIGHT, margin: float = SWITCH_MARGIN) -> str | None:
-    """The job to serve next (see the module docstring), or None when no job wants work.
+    """The job to serve next (see the module docstring), or None when no job wants work and
+    there is no current one.
 
-    current: the job the worker serves now; kept unless a challenger is served less than
-        `(1 - margin)` times as well (ignored when it no longer wants work).
+    current: the job the worker serves now, whatever capacity it announced (the caller drops it
+        when its trainer refuses as busy); kept unless a challenger is served less than
+        `(1 - margin)` times as well, and then left with probability `1 - challenger's service /
+        its own`.
     cap: weights above it count as `cap`.
     Raises ValueError for a weight that is not > 0 or a margin outside [0, 1).
     """
     if not 0 <= margin < 1:
         raise ValueError(f"switch margin {margin} is not in [0, 1)")
-    wanting = [o for o in offers if o.capacity > 0]
+    if any(not o.weight > 0 for o in offers):
+        raise ValueError("every job's weight must be > 0 (protocol.demand.check_demand)")
+    kept = next((o for o in offers if o.job_id == current), None)   # whatever it announced: its trainer's answer decides
+    wanting = [o for o in offers if o.capacity > 0 or o is kept]
     if not wanting:
         return None
-    if any(not o.weight > 0 for o in wanting):
-        raise ValueError("every job's weight must be > 0 (protocol.demand.check_demand)")
     weights = [capped(o.weight, cap) for o in wanting]
-    challenger = rng.choices(wanting, weights)[0]
-    kept = next((o for o in wanting if o.job_id == current), None)
+    challenger = rng.choices(wanting, weights)[0]   # the kept job among them: drawn, it stays
     if kept is not None:
-        moves = service(challenger, cap) < (1 - margin) * service(kept, cap)
+        if challenger is kept:
+            return kept.job_id
+        mine, theirs = service(kept, cap), service(challenger, cap)
+        moves = theirs < (1 - margin) * mine and rng.random() < 1 - theirs / mine
         return challenger.job_id if moves else kept.job_id
     first = rng.choices(wanting, weights)[0]
     a, b = service(first, cap), service(challenger, cap)

@@ -78,9 +78,18 @@ def test_a_kept_job_is_left_only_for_a_clearly_less_served_one() -> None:
     assert {choose_job(close, rng, current="mine") for _ in range(500)} == {"mine"}
     far = [Offer("mine", 8, 100.0, 1.0), Offer("other", 8, 50.0, 1.0)]
     shares = _shares(far, current="mine")
-    assert shares["other"] == pytest.approx(0.5, abs=0.01)                      # whenever drawn as challenger
-    gone = [Offer("mine", 0, 100.0, 1.0), Offer("other", 8, 500.0, 1.0)]       # mine wants no more work
-    assert choose_job(gone, rng, current="mine") == "other"
+    assert shares["other"] == pytest.approx(0.25, abs=0.01)    # drawn 1/2, then moves with p = 1 - 50/100
+    stale = [Offer("mine", 0, 100.0, 1.0), Offer("other", 8, 500.0, 1.0)]
+    assert {choose_job(stale, rng, current="mine") for _ in range(200)} == {"mine"}   # its trainer's answer decides
+    assert choose_job([Offer("mine", 0, 100.0, 1.0)], rng, current="mine") == "mine"
+
+
+def test_moves_in_one_pass_are_about_the_excess() -> None:
+    """Every worker of an over-served job reads the same records: the expected number that move
+    is the excess over the fair split, not all of them (no herd)."""
+    offers = [Offer("a", 10_000, 750.0, 1.0), Offer("b", 10_000, 250.0, 1.0)]   # 750 vs 250 workers
+    moved = sum(choose_job(offers, random.Random(s), current="a") == "b" for s in range(750))
+    assert moved == pytest.approx(250, abs=50)                 # 750 * 1/2 * (1 - 250/750)
 
 
 def test_weighted_fair_shares_emerge_when_demand_exceeds_supply() -> None:
