@@ -124,3 +124,20 @@ def test_records_with_bad_demand_are_ignored_with_a_reason(swarm, caplog) -> Non
     assert "above the lease book's bound 2" in worker.market.ignored[b]
     assert len([r for r in caplog.records if "ignoring job" in r.getMessage()]) == 2
     assert worker.report()["ignored_jobs"] == worker.market.ignored
+
+
+def test_busy_skips_back_off_to_a_cap_and_a_granted_lease_resets_them() -> None:
+    from swarmrl.node.worker.market import BUSY_SKIP_MAX_S, JobMarket
+
+    clock = Clock()
+    market = JobMarket(clock=clock)
+    rec = VerifiedRecord(pb.JobRecord(job_id="j", demand=pb.Demand(capacity=4, weight=1.0)), "t1", b"k" * 32)
+    other = VerifiedRecord(pb.JobRecord(job_id="j", demand=pb.Demand(capacity=4, weight=1.0)), "t2", b"l" * 32)
+    skips = [market.refused_busy(rec) for _ in range(8)]
+    assert skips[:4] == [1.0, 2.0, 4.0, 8.0] and skips[-1] == BUSY_SKIP_MAX_S
+    assert market.skipped(rec) and not market.skipped(other)   # per (job, trainer)
+    assert market.pick({"j": rec}) is None and market.pick({"j": other}) == "j"
+    market.granted(rec)
+    assert market.refused_busy(rec, retry_after_ms=5000) == 5.0   # reset; a longer retry hint is honoured
+    clock.t += 5.01
+    assert not market.skipped(rec)
