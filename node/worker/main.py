@@ -270,6 +270,7 @@ class Worker:
             sound = self.market.sound(records, JobSpec.from_json(records[0].record.spec_json))
             if sound:
                 live[job_id] = self.choose(sound)
+        self.market.forget_except(set(jobs))
         worked = self._serve(live, stop)
         write_ready(self.cfg.ready_file, self.report())
         if not worked:

@@ -64,6 +64,11 @@ class JobMarket:
             log.warning("ignoring job %s: %s", job_id, reasons[0])
         return ok
 
+    def forget_except(self, job_ids: set[str]) -> None:
+        """Forget why jobs no longer announced were ignored."""
+        for job_id in [j for j in self.ignored if j not in job_ids]:
+            del self.ignored[job_id]
+
     def skipped(self, rec: VerifiedRecord) -> bool:
         """Whether the record's trainer is skipped for its job now (it broke a promise lately)."""
         return self._skip.get((rec.record.job_id, rec.trainer_id), 0.0) > self.clock()
