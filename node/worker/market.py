@@ -8,7 +8,14 @@ and which trainers it skips for a while after they refused a lease they had anno
 - A trainer that announced capacity and then refused a lease as `busy` is skipped for that job
   for `max(retry hint, BUSY_SKIP_S) * 2 ** (k - 1)` seconds (at most `BUSY_SKIP_MAX_S`), k its
   broken promises in a row (a granted lease resets k): the worker goes to another job at once,
-  and a trainer that keeps refusing is asked less and less often, never in a loop.
+  and a trainer that keeps refusing is asked less and less often, never in a loop. The skip
+  ends early, though never before `max(retry hint, BUSY_SKIP_S)`, once the trainer announces a
+  newer head version: it stepped, so its pending groups went into a version and its capacity
+  is fresh. An honest trainer that is busy because it is the bottleneck is asked again after
+  each step (as often as before the market: a `busy` cost a worker a 1 s wait), and a trainer
+  that only re-announces its claim gets the back-off. Measured on `swarmrl up` (tiny, 4 workers,
+  8 steps): without the early end, single-job runs took 36 s instead of 24 s, workers waiting up
+  to 4 s behind a trainer that stepped every 0.5 s.
 
 The clock is injected (monotonic seconds), so tests move time instead of sleeping.
 """
@@ -43,7 +50,8 @@ class JobMarket:
         self.rng = rng or random.Random()
         self.current: str | None = None   # the job served now (kept while it wants work)
         self.ignored: dict[str, str] = {}   # job id -> why its records are ignored now
-        self._skip: dict[tuple[str, str], float] = {}   # (job, trainer) -> clock time until it is skipped
+        # (job, trainer) -> (skipped until, not ended early before, head version when refused)
+        self._skip: dict[tuple[str, str], tuple[float, float, int]] = {}
         self._broken: dict[tuple[str, str], int] = {}   # (job, trainer) -> broken promises in a row
 
     def sound(self, records: list[VerifiedRecord], spec: JobSpec) -> list[VerifiedRecord]:
@@ -70,8 +78,12 @@ class JobMarket:
             del self.ignored[job_id]
 
     def skipped(self, rec: VerifiedRecord) -> bool:
-        """Whether the record's trainer is skipped for its job now (it broke a promise lately)."""
-        return self._skip.get((rec.record.job_id, rec.trainer_id), 0.0) > self.clock()
+        """Whether the record's trainer is skipped for its job now: it broke a promise lately, and
+        has not announced a newer head version since (or did so within the base skip)."""
+        until, earliest, head = self._skip.get((rec.record.job_id, rec.trainer_id), (0.0, 0.0, 0))
+        now = self.clock()
+        stepped = int(rec.record.head_version) > head and now >= earliest
+        return until > now and not stepped
 
     def pick(self, live: Mapping[str, VerifiedRecord]) -> str | None:
         """The job to serve next among `live` (job id -> the record followed), skipping trainers
@@ -91,13 +103,15 @@ class JobMarket:
         key = (rec.record.job_id, rec.trainer_id)
         k = self._broken.get(key, 0) + 1
         self._broken[key] = k
-        skip = min(BUSY_SKIP_MAX_S, max(retry_after_ms / 1000, BUSY_SKIP_S) * 2.0 ** (k - 1))
-        self._skip[key] = self.clock() + skip
+        base = max(retry_after_ms / 1000, BUSY_SKIP_S)
+        skip = min(BUSY_SKIP_MAX_S, base * 2.0 ** (k - 1))
+        now = self.clock()
+        self._skip[key] = (now + skip, now + base, int(rec.record.head_version))
         if self.current == rec.record.job_id:
             self.current = None
         if len(self._skip) > 4096:   # forget skips that ended (jobs and trainers come and go)
             now = self.clock()
-            self._skip = {k2: t for k2, t in self._skip.items() if t > now}
+            self._skip = {k2: t for k2, t in self._skip.items() if t[0] > now}
             self._broken = {k2: n for k2, n in self._broken.items() if k2 in self._skip}
         log.info("job %s: trainer %s is busy although it announced capacity %d; skipped for %.1f s",
                  rec.record.job_id[:12], rec.trainer_id[:12], rec.record.demand.capacity, skip)

@@ -141,3 +141,22 @@ def test_busy_skips_back_off_to_a_cap_and_a_granted_lease_resets_them() -> None:
     assert market.refused_busy(rec, retry_after_ms=5000) == 5.0   # reset; a longer retry hint is honoured
     clock.t += 5.01
     assert not market.skipped(rec)
+
+
+def test_a_trainer_that_stepped_is_asked_again_after_the_base_skip() -> None:
+    """A busy trainer that then announces a newer head version (it stepped: fresh capacity) ends
+    its skip early, never before the base skip; re-announcing the same head does not."""
+    from swarmrl.node.worker.market import JobMarket
+
+    clock = Clock()
+    market = JobMarket(clock=clock)
+
+    def rec(head: int) -> VerifiedRecord:
+        return VerifiedRecord(pb.JobRecord(job_id="j", head_version=head, demand=pb.Demand(capacity=4, weight=1.0)),
+                              "t1", b"k" * 32)
+    for _ in range(4):
+        market.refused_busy(rec(3))                  # the fourth in a row: skipped for 8 s
+    clock.t += 0.5
+    assert market.skipped(rec(4))                    # stepped, but within the base second
+    clock.t += 0.6
+    assert market.skipped(rec(3)) and not market.skipped(rec(4))
