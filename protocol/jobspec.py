@@ -16,6 +16,7 @@ from swarmrl.protocol.envs.dataset import DatasetTask
 from swarmrl.protocol.envs.episode import EpisodeSpec
 from swarmrl.protocol.envs.rg_task import ReasoningGymTask
 from swarmrl.protocol.grpo.config import LossConfig
+from swarmrl.protocol.market import MAX_WEIGHT
 
 
 class _Frozen(BaseModel):
@@ -94,6 +95,9 @@ class JobSpec(_Frozen):
     loss: LossConfig = LossConfig()
     validation_rate: float = Field(0.25, ge=0.0, le=1.0, description="share of batches validators check")
     episode: EpisodeSpec | None = Field(None, description="multi-turn limits (None: the environment's defaults)")
+    weight: float = Field(1.0, gt=0.0, le=MAX_WEIGHT,
+                          description="the job's share of the swarm when demand exceeds supply, relative to other "
+                                      "jobs' (protocol/market.py); a trainer refuses one above its cap")
 
     @model_validator(mode="after")
     def _check(self) -> JobSpec:

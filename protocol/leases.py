@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
-BACKLOG_BATCHES = 2  # leases are refused ("busy") while this many batches of groups are pending (backlog_full)
+BACKLOG_BATCHES = 2  # the simulator's backlog_full: "busy" while this many batches of groups are pending
 BUSY_RETRY_MS = 1000  # the retry hint of a "busy" refusal
 EXPIRED_KEPT = 50_000  # ids of the leases expired last, remembered so a late batch reads lease_expired
 
@@ -40,9 +40,12 @@ def backlog_full(pending_groups: int, batch_groups: int, *, open_prompts: int = 
                  batches: int = BACKLOG_BATCHES) -> bool:
     """True when a trainer should refuse new leases ("busy"): `pending_groups` admitted and not
     trained yet, plus `open_prompts` still out on open leases (one group each), fill `batches`
-    batches of `batch_groups` groups. The trainer counts pending groups only (open_prompts = 0);
-    the simulator's what-if passes `LeaseBook.open_prompts()`: in simulations/README.md
-    ("Defaults") that cuts stale rollouts from ~76% to ~27% but trains ~27% fewer groups per hour."""
+    batches of `batch_groups` groups. The simulator's rule (its what-if passes
+    `LeaseBook.open_prompts()`: in simulations/README.md ("Defaults") that cuts stale rollouts
+    from ~76% to ~27% but trains ~27% fewer groups per hour). The trainer no longer uses it: it
+    leases at most its open capacity (`protocol.demand.open_capacity`: a window of
+    `(max_async_level + 1)` batches of `batch_max`, open leases counted), which the simulator
+    has yet to adopt (issue 24 item 7)."""
     return pending_groups + open_prompts >= batches * batch_groups
 
 

@@ -51,6 +51,7 @@ from swarmrl.node.trainer.retention import disk_use
 from swarmrl.node.worker.red_team import check_mode
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
+from swarmrl.protocol.market import MAX_WEIGHT
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 console = Console(stderr=True)   # progress, warnings and where things are; results go to stdout
@@ -199,8 +200,8 @@ def trainer_names(n: int) -> list[str]:
 
 def _start_trainers(swarm: LocalSwarm, names: list[str], keys: dict[str, Identity], opts: UpOptions, work: Path,
                     common: list[str]) -> list[str]:
-    """Start the trainers (each its own prompt shard; cotrainers of each other) and return their
-    gRPC endpoints."""
+    """Start the trainers (each its own prompt shard; cotrainers of each other; the run's own
+    submitter may ask any job weight) and return their gRPC endpoints."""
     ids = [keys[n].peer_id for n in names]
     for rank, name in enumerate(names):
         several = [f"prompt_shard={json.dumps([rank, len(names)])}", f"cotrainers={json.dumps(ids)}"]
@@ -208,6 +209,7 @@ def _start_trainers(swarm: LocalSwarm, names: list[str], keys: dict[str, Identit
             f"key={json.dumps(str(work / 'keys' / (name + '.key')))}",
             f"state_dir={json.dumps(str(work / name))}", f"ready_file={json.dumps(str(work / (name + '.ready')))}",
             f"trusted_validators={json.dumps([keys['validator'].peer_id])}", "metrics_port=0",
+            f"submitter_weight_caps={json.dumps({keys['submitter'].peer_id: MAX_WEIGHT})}",   # its own job: any weight
             f"threads={opts.threads.get('trainer', 1)}"] + (several if len(names) > 1 else []),
             threads=opts.threads.get("trainer", 1))
     return [swarm.wait_ready(n, work / f"{n}.ready", timeout_s=300)["endpoint"] for n in names]

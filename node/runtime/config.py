@@ -15,12 +15,13 @@ import json
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from swarmrl.node.runtime.limits import GrpcLimits, RateLimits
 from swarmrl.protocol.delta_sources import MAX_PEER_ATTEMPTS, WAIT_RULE, waits_whole
+from swarmrl.protocol.market import MAX_WEIGHT
 from swarmrl.protocol.red_team_modes import MODES
 
 C = TypeVar("C", bound=BaseModel)
@@ -144,6 +145,11 @@ class TrainerConfig(_Config):
     # before they may be trained (probation for new peers; 0 = off). See JobRuntime.trainable_cutoff.
     probation_s: float = Field(60.0, ge=0)
     allowed_submitters: list[str] | None = None   # None = anyone may submit jobs
+    # the highest weight a job may ask (JobSpec.weight: its share when demand exceeds supply,
+    # protocol/market.py); per submitter peer id in submitter_weight_caps, else max_job_weight.
+    # A job above its cap is refused at submit time
+    max_job_weight: float = Field(1.0, gt=0, le=MAX_WEIGHT)
+    submitter_weight_caps: dict[str, Annotated[float, Field(gt=0, le=MAX_WEIGHT)]] = {}
     ready_file: Path | None = None
     # several trainers per job (swarm.job_swarm)
     prompt_shard: tuple[int, int] = (0, 1)   # (rank, count): hand out prompt indices rank + k*count
@@ -222,6 +228,8 @@ class WorkerConfig(_Config):
     keep_jobs: int = Field(8, ge=1)      # jobs whose updates are kept (those updated last; swarm.gossip.UpdateCache)
     linger_s: float = Field(2.0, ge=0)   # with exit_when_done: keep serving this long after the last job
     prefer_trainer: str | None = None    # peer id of the trainer to follow when it serves the job
+    # job records announcing a weight above this are ignored (protocol/demand.check_demand)
+    max_job_weight: float = Field(MAX_WEIGHT, gt=0, le=MAX_WEIGHT)
     metrics_port: int | None = Field(None, ge=0, le=65535)   # /metrics; None = off, 0 = any free port
     metrics_host: str = "127.0.0.1"
 

@@ -21,9 +21,10 @@ from swarmrl.node.trainer.bans import BanBook
 from swarmrl.node.trainer.ledger import Ledger
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol import receipts, signing
+from swarmrl.protocol.demand import open_capacity
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
-from swarmrl.protocol.leases import BUSY_RETRY_MS, LeaseBook, backlog_full
+from swarmrl.protocol.leases import BUSY_RETRY_MS, LeaseBook
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.verdicts import BAD_SIGNATURE_ON_OWN_LEASE, BAN_MS, BANNING_CHECKS, is_attributable
 
@@ -102,7 +103,8 @@ class Admission:
                                  n=self.spec.group_size, stop=list(s.stop))
 
     def request_lease(self, peer_id: str, req: pb.LeaseRequest) -> pb.LeaseReply:
-        """Grant a lease, or say why not (`banned`, `job_done`, `busy` with a retry hint).
+        """Grant a lease of at most the job's open capacity (`capacity`), or say why not
+        (`banned`, `job_done`, `busy` with a retry hint when the capacity is spent).
 
         The clock is read once, before the gate; from the ban check to the issued lease nothing
         else runs under the gate that a ban takes too.
@@ -116,13 +118,27 @@ class Admission:
             if self.done():
                 return pb.LeaseReply(reason="job_done")
             self._expire_leases(lease_now)
-            if backlog_full(self.ledger.count_pending(self.job_id), self.spec.batch_max):
-                # Backpressure: more rollouts would only go stale before a step could use them.
+            capacity = self._capacity()
+            if capacity == 0:
+                # The promise is spent: more rollouts would only go stale before a step could use them.
                 return pb.LeaseReply(reason="busy", retry_after_ms=BUSY_RETRY_MS)
-            n = max(1, min(req.max_prompts or self.spec.prompts_per_lease, self.spec.prompts_per_lease))
+            n = max(1, min(req.max_prompts or self.spec.prompts_per_lease, self.spec.prompts_per_lease, capacity))
             lease = self.leases.issue(peer_id, n, self.version(), self.sampling(), lease_now, wall_ms=now)
             self.ledger.add_lease(lease)
             return pb.LeaseReply(lease=lease)
+
+    def capacity(self) -> int:
+        """Prompts this job can lease now and still train before they go stale
+        (`protocol.demand.open_capacity`: the window less pending groups and open leases'
+        prompts), after closing the leases past their deadline."""
+        now = self.lease_ms()
+        with self.gate:
+            self._expire_leases(now)
+            return self._capacity()
+
+    def _capacity(self) -> int:
+        """`capacity` without expiring (caller holds the gate)."""
+        return open_capacity(self.spec, self.ledger.count_pending(self.job_id), self.leases.open_prompts())
 
     def _note_version(self, peer_id: str, version: int) -> None:
         """Remember the peer's adapter version, forgetting the peers that asked longest ago

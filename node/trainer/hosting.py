@@ -41,17 +41,23 @@ class Trainer:
         self.grpc_guard: StreamGuard | None = None   # the gRPC server's stream guard, once serving (metrics)
         self._lock = threading.Lock()
         for job_id, envelope in self.ledger.jobs():
-            job, _ = signing.open_signed(envelope, signing.JOB, pb.Job)
-            self._host(job_id, JobSpec.from_json(job.spec_json), bytes(job.dataset) or None)
+            job, submitter = signing.open_signed(envelope, signing.JOB, pb.Job)
+            spec = JobSpec.from_json(job.spec_json)
+            self._host(job_id, spec, bytes(job.dataset) or None, weight=min(spec.weight, self.weight_cap(submitter)))
 
-    def _host(self, job_id: str, spec: JobSpec, dataset: bytes | None = None) -> JobRuntime:
+    def weight_cap(self, submitter: str) -> float:
+        """The highest job weight `submitter` (peer id) may ask of this trainer: its entry in
+        `submitter_weight_caps`, else `max_job_weight`."""
+        return self.cfg.submitter_weight_caps.get(submitter, self.cfg.max_job_weight)
+
+    def _host(self, job_id: str, spec: JobSpec, dataset: bytes | None = None, weight: float | None = None) -> JobRuntime:
         path = find_base_model_by_sha(spec.base_model, spec.base_model_sha256, self.cfg.base_models, self.cfg.cache_dir)
         runtime = JobRuntime(job_id, spec, identity=self.identity, model_path=path, state_dir=self.cfg.state_dir,
                              dataset=dataset,
                              ledger=self.ledger, prompt_shard=self.cfg.prompt_shard,
                              probation_ms=int(self.cfg.probation_s * 1000) if self.cfg.trusted_validators else 0,
                              wrap_reducer=reducer_wrap(self.cfg.fault), device=self.cfg.device,
-                             ledger_keep_ms=int(self.cfg.ledger_keep_s * 1000))
+                             ledger_keep_ms=int(self.cfg.ledger_keep_s * 1000), weight=weight)
         runtime.store.retention = Retention(self.cfg.keep_versions, self.cfg.keep_snapshots, spec.max_async_level)
         if self.dht is not None:
             runtime.attach_swarm(JobSwarm(
@@ -62,7 +68,8 @@ class Trainer:
         return runtime
 
     def submit_job(self, envelope: pb.Signed) -> pb.JobAck:
-        """Verify a signed job, check its spec and base model, and start hosting it."""
+        """Verify a signed job, check its spec, weight (at most `weight_cap`) and base model, and
+        start hosting it; a refusal is an ack with a one-line reason."""
         try:
             job, submitter = signing.open_signed(envelope, signing.JOB, pb.Job)
             spec = JobSpec.from_json(job.spec_json)
@@ -71,6 +78,11 @@ class Trainer:
         job_id = job_id_from_body(envelope.body)
         if self.cfg.allowed_submitters is not None and submitter not in self.cfg.allowed_submitters:
             return pb.JobAck(job_id=job_id, accepted=False, reason=f"submitter {submitter} not allowed")
+        cap = self.weight_cap(submitter)
+        if spec.weight > cap:
+            return pb.JobAck(job_id=job_id, accepted=False,
+                             reason=f"job weight {spec.weight:g} is above this trainer's cap {cap:g} for submitter "
+                                    f"{submitter} (max_job_weight, submitter_weight_caps)")
         with self._lock:
             if job_id not in self.jobs:
                 try:

@@ -30,6 +30,7 @@ from swarmrl.node.trainer.learner import Learner
 from swarmrl.node.trainer.ledger import Ledger, PendingGroup
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol import delta_codec as dc
+from swarmrl.protocol.demand import IntakeMeter, demand
 from swarmrl.protocol.envs import job_environment
 from swarmrl.protocol.episode_limits import completion_budget, job_limits
 from swarmrl.protocol.grpo.reduce import GradientReducer, LocalReduce
@@ -67,6 +68,8 @@ class JobRuntime:
     device: where the learner's model runs (`node.inference.device.resolve_device`).
     ledger_keep_ms: how long a finished batch stays whole in the ledger after it arrived (for
         validators' SampleAdmitted); each step then clears older ones (`compact_ledger`).
+    weight: the weight its record announces (`spec.weight`, or less: the trainer's cap for the
+        job's submitter; `hosting.Trainer`). Raises ValueError unless 0 < weight <= spec.weight.
     """
 
     def __init__(
@@ -74,8 +77,11 @@ class JobRuntime:
         prompt_shard: tuple[int, int] = (0, 1), probation_ms: int = 0, clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] | None = None,
         wrap_reducer: ReducerWrap | None = None, dataset: bytes | None = None, device: str = "cpu",
-        ledger_keep_ms: int = LEDGER_KEEP_MS,
+        ledger_keep_ms: int = LEDGER_KEEP_MS, weight: float | None = None,
     ) -> None:
+        self.weight = spec.weight if weight is None else weight
+        if not 0 < self.weight <= spec.weight:
+            raise ValueError(f"announced weight {self.weight} is not in (0, the job's weight {spec.weight}]")
         self.job_id, self.spec, self.identity, self.ledger = job_id, spec, identity, ledger
         self.probation_ms, self.clock, self.wrap_reducer = probation_ms, clock, wrap_reducer
         self.ledger_keep_ms = ledger_keep_ms
@@ -100,6 +106,7 @@ class JobRuntime:
         self.admission = Admission(job_id, spec, ledger, limits=limits, prompt_ids=self.prompt_ids_of,
                                    version=lambda: self.version, done=lambda: self.done, identity=identity,
                                    prompt_shard=prompt_shard, clock=clock, monotonic=monotonic)
+        self.intake = IntakeMeter()   # groups consumed per minute (on the admission's monotonic clock)
 
     def _resume(self) -> None:
         """Start fresh (publish version 0) or resume from the checkpoint plus later deltas."""
@@ -131,7 +138,7 @@ class JobRuntime:
         return self.version >= self.spec.steps
 
     def record(self, endpoint: str) -> pb.JobRecord:
-        """The DHT record announcing this job."""
+        """The DHT record announcing this job, with its demand (`demand`)."""
         return pb.JobRecord(
             job_id=self.job_id, trainer_id=self.identity.peer_id, endpoint=endpoint, base_model=self.spec.base_model,
             base_model_sha256=bytes.fromhex(self.spec.base_model_sha256), environment=self.spec.environment_id,
@@ -139,7 +146,14 @@ class JobRuntime:
             updated_ms=self.now_ms(), done=self.done, spec_json=self.spec.canonical_json(),
             trainer_public_key=self.identity.public_key,
             cotrainer_keys=[c.public_key for c in self.cotraining.swarm.cotrainers.live()] if self.cotraining else [],
+            demand=self.demand(),
         )
+
+    def demand(self) -> pb.Demand:
+        """What the job can still use, as its record announces it (`protocol.demand`): open
+        capacity (0 once done), groups consumed per minute lately, weight."""
+        capacity = 0 if self.done else self.admission.capacity()
+        return demand(capacity, self.intake.per_minute(self.admission.monotonic()), self.weight)
 
     def prompt_ids(self, index: int) -> list[int]:
         """Token ids of prompt `index`, derived from (job seed, index)."""
@@ -230,6 +244,7 @@ class JobRuntime:
         metrics = self.learner.step([p.group for p in batch], self.version, self._reducer(bool(batch)))
         if metrics is None:
             return None
+        self.intake.add(self.admission.monotonic(), len(batch))
         if not metrics["stepped"]:
             self.ledger.mark([p.row_id for p in batch], NO_SIGNAL, step=self.version)
             self.compact_ledger()

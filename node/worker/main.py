@@ -1,6 +1,8 @@
 """The worker process: find jobs in the DHT, then work leases on them.
 
-Main loop: find jobs -> pick one -> lease -> catch up -> generate -> grade -> sign -> submit.
+Main loop: find jobs -> pick one by demand (`market.JobMarket`: weighted power-of-two choices,
+another job at once when a trainer is busy) -> lease -> catch up -> generate -> grade -> sign ->
+submit.
 Beside it, a prefetch thread follows each job's head version (from the trainers' DHT records)
 and pulls new adapter versions as soon as they are published, from peers first; the gossip node
 serves what this worker holds to other peers.
@@ -40,6 +42,7 @@ from swarmrl.node.swarm.dht import VerifiedRecord, find_jobs, join_swarm
 from swarmrl.node.swarm.env_records import EnvAnnouncer, env_infos, package_mismatch
 from swarmrl.node.swarm.gossip import GossipNode, UpdateCache
 from swarmrl.node.worker.engine import EngineFailed
+from swarmrl.node.worker.market import JobMarket
 from swarmrl.node.worker.metrics import retired, worker_metrics
 from swarmrl.node.worker.receipts import ReceiptStore, receipts_path
 from swarmrl.node.worker.red_team import RedTeam
@@ -100,6 +103,7 @@ def by_job(records: list[VerifiedRecord]) -> dict[str, list[VerifiedRecord]]:
 
 
 TRAINER_RETRY_S = 30.0
+BUSY, REFUSED, WORKED = "busy", "refused", "worked"   # how a round ended (Worker._round)
 Connect = Callable[[pb.JobRecord], WorkerTrainer]
 """A client of the trainer that signed a record (`grpc_wire.connect` by default; raises tls.PinError)."""
 
@@ -131,6 +135,7 @@ class Worker:
         self.sessions: dict[str, JobSession] = {}
         self.finished: dict[str, dict[str, Any]] = {}
         self._failed_trainers: dict[str, float] = {}   # trainer id -> monotonic time until it is skipped
+        self.market = JobMarket(cfg.max_job_weight)   # which job next; trainers skipped after a broken promise
         self.red_team = RedTeam(cfg.red_team) if cfg.red_team else None   # adversarial drill (local only)
         self.retired: dict[str, SimpleNamespace] = {}   # job id -> what the metrics keep of a finished session
         self.ops_urls: dict[str, str] = {}   # {"metrics": URL} once the metrics server runs
@@ -172,9 +177,11 @@ class Worker:
     def choose(self, records: list[VerifiedRecord]) -> VerifiedRecord:
         """The trainer record to follow for one job: the preferred trainer, else the one followed
         now, else one picked by rendezvous hashing (spreads workers over trainers); trainers that
-        failed recently are skipped while another is there."""
+        failed recently, or refused a lease they had announced (`JobMarket.skipped`), are skipped
+        while another is there."""
         now = time.monotonic()
-        ok = [r for r in records if self._failed_trainers.get(r.trainer_id, 0.0) <= now] or records
+        ok = [r for r in records if self._failed_trainers.get(r.trainer_id, 0.0) <= now]
+        ok = [r for r in ok if not self.market.skipped(r)] or ok or records
         current = self.sessions.get(ok[0].record.job_id)
         for r in ok:
             if r.trainer_id == self.cfg.prefer_trainer:
@@ -197,7 +204,8 @@ class Worker:
 
     def report(self) -> dict[str, Any]:
         """The worker's ready file: peer id, per job the adapter it holds (version, hash, trainer,
-        sync figures, bytes served to peers), skipped jobs, data-set sources."""
+        sync figures, bytes served to peers), skipped jobs, jobs whose records are ignored now
+        (bad demand), data-set sources."""
         adapters = {j: {"version": s.replica.version, "hash": s.replica.hash.hex(), "trainer": s.record.trainer_id,
                         "sync": s.sync.stats.report()} for j, s in list(self.sessions.items())}
         adapters.update(self.finished)
@@ -209,7 +217,8 @@ class Worker:
             if j in adapters:
                 adapters[j]["receipts"] = {"kept": st.receipts_kept, "refused": dict(st.receipts_refused)}
         out = {"peer_id": self.identity.peer_id, "adapters": adapters, "peer_upload_bytes": sum(served.values()),
-               "skipped_jobs": dict(self.skipped), "dataset_sources": dict(self.dataset_stats.sources),
+               "skipped_jobs": dict(self.skipped), "ignored_jobs": dict(self.market.ignored),
+               "dataset_sources": dict(self.dataset_stats.sources),
                "dataset_refused": dict(self.dataset_stats.refused), **self.ops_urls}
         if self.red_team is not None:
             out["red_team"] = self.red_team.report()
@@ -241,23 +250,43 @@ class Worker:
         return f"configuration error: {problem}" if problem else ""
 
     def tick(self, dht: hivemind.DHT, stop: threading.Event) -> bool:
-        """One pass over the known jobs. Returns False when there is nothing left to do."""
-        jobs = by_job(self.runnable(servable(find_jobs(dht), set(self.backends))))
-        live = []
+        """One look at the jobs the DHT announces (`work`). Returns False when there is nothing left to do."""
+        return self.work(find_jobs(dht), stop)
+
+    def work(self, found: list[VerifiedRecord], stop: threading.Event) -> bool:
+        """Finish the jobs that are done, then one round on the job the market picks among those
+        whose records' demand is sound (`market.JobMarket`); when its trainer refuses as busy,
+        another job at once. Waits `poll_s` when no job wants work. Returns False when there is
+        nothing left to do."""
+        jobs = by_job(self.runnable(servable(found, set(self.backends))))
+        live: dict[str, VerifiedRecord] = {}
         for job_id, records in jobs.items():
-            rec = self.choose(records)
             done = [r for r in records if r.record.done]
-            if done and job_id not in self.finished:
-                final = max(int(r.record.head_version) for r in done)
-                self._guard(self.finish, rec, stop, version=final)
-            elif not done:
-                live.append(rec)
-        for rec in live:
-            self._guard(lambda r: self._round(self.session(r), stop), rec, stop)
+            if done:
+                if job_id not in self.finished:
+                    final = max(int(r.record.head_version) for r in done)
+                    self._guard(self.finish, self.choose(records), stop, version=final)
+                continue
+            sound = self.market.sound(records, JobSpec.from_json(records[0].record.spec_json))
+            if sound:
+                live[job_id] = self.choose(sound)
+        self.market.forget_except(set(jobs))
+        worked = self._serve(live, stop)
         write_ready(self.cfg.ready_file, self.report())
-        if not live:
+        if not worked:
             stop.wait(self.cfg.poll_s)
         return bool(live) or not (self.cfg.exit_when_done and self.finished)
+
+    def _serve(self, live: dict[str, VerifiedRecord], stop: threading.Event) -> bool:
+        """One round on the job the market picks from `live` (job id -> record followed); a job
+        whose trainer refuses as busy is skipped (`JobMarket.refused_busy`) and the next is picked
+        at once. Returns whether a round ran (False: no job wanted work)."""
+        left = dict(live)
+        while (job_id := self.market.pick(left)) is not None:
+            rec = left.pop(job_id)
+            if self._guard(lambda r: self._round(self.session(r), r, stop), rec, stop) != BUSY:
+                return True
+        return False
 
     def prefetch_loop(self, stop: threading.Event) -> None:
         """Pull each job's newest version as soon as a trainer announces it (replica only; the
@@ -276,17 +305,28 @@ class Worker:
             except Exception as exc:  # noqa: BLE001 - a peer, trainer or the DHT failed: the next poll retries
                 log.warning("prefetch failed: %r", exc)
 
-    def _round(self, session: JobSession, stop: threading.Event) -> None:
+    def _round(self, session: JobSession, rec: VerifiedRecord, stop: threading.Event) -> str:
+        """One lease round on `rec`'s job: BUSY when the trainer refused as busy (no wait: the
+        caller picks another job), else REFUSED (after waiting `poll_s`) or WORKED."""
         result = session.work_once() if self.red_team is None else self.red_team.work_once(session)
         if result is None:
+            if session.last_refusal == "busy":
+                self.market.refused_busy(rec, session.last_retry_ms)
+                return BUSY
             stop.wait(self.cfg.poll_s)
-        else:
-            log.info("job %s lease %s v%d: %d/%d groups admitted", session.job_id, result.lease_id,
-                     result.policy_version, result.admitted, result.groups)
+            return REFUSED
+        self.market.granted(rec)
+        log.info("job %s lease %s v%d: %d/%d groups admitted", session.job_id, result.lease_id,
+                 result.policy_version, result.admitted, result.groups)
+        return WORKED
 
-    def _guard(self, fn: Callable[..., object], rec: VerifiedRecord, stop: threading.Event, **kwargs: Any) -> None:
+    def _guard(self, fn: Callable[..., object], rec: VerifiedRecord, stop: threading.Event,
+               **kwargs: Any) -> object:
+        """`fn(rec, **kwargs)`'s result; None when a peer, the trainer or the engine failed (the
+        failure is logged, a trainer that can't be reached is skipped for TRAINER_RETRY_S, and the
+        call waits `poll_s`)."""
         try:
-            fn(rec, **kwargs) if kwargs else fn(rec)
+            return fn(rec, **kwargs) if kwargs else fn(rec)
         except grpc.RpcError as exc:
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 self._failed_trainers[rec.trainer_id] = time.monotonic() + TRAINER_RETRY_S
@@ -305,6 +345,7 @@ class Worker:
         except EngineFailed as exc:   # the lease is skipped (it expires at the trainer); keep serving
             log.error("job %s: %s; lease skipped", rec.record.job_id, exc)
             stop.wait(self.cfg.poll_s)
+        return None
 
     def close(self) -> None:
         """Close every open job session, then the backends (a vLLM server ends with them)."""

@@ -93,6 +93,7 @@ class JobSession:
         self.loaded_version = -1   # the version the backend generates with
         self.grader = grader_for(self.spec, grade_timeout_s)
         self.stats = SessionStats()
+        self.last_refusal, self.last_retry_ms = "", 0   # the trainer's last lease refusal: reason, retry hint
 
     def signers(self) -> set[str]:
         """Trainer ids whose signed updates this session accepts: the followed trainer and the
@@ -145,7 +146,8 @@ class JobSession:
         """Ask the trainer for a lease of up to `max_prompts` prompts (a signed request; refused
         as overloaded or unreachable, retried with backoff: `node.net.trainer_client`).
 
-        Returns None when it grants none (its reason goes to `last_refusal`). Raises grpc.RpcError
+        Returns None when it grants none (its reason goes to `last_refusal`, its retry hint in ms
+        to `last_retry_ms`). Raises grpc.RpcError
         when the trainer can't be reached.
         """
         req = pb.LeaseRequest(job_id=self.job_id, max_prompts=self.max_prompts,
@@ -153,7 +155,7 @@ class JobSession:
         signed = signing.sign(self.identity, signing.LEASE_REQUEST, req)
         reply = self.trainer.request_lease(signed)
         if not reply.HasField("lease"):
-            self.last_refusal = reply.reason
+            self.last_refusal, self.last_retry_ms = reply.reason, int(reply.retry_after_ms)
             self.stats.leases_refused[reply.reason] += 1
             return None
         return reply.lease

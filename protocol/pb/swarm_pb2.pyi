@@ -136,6 +136,7 @@ class JobRecord(_message.Message):
     COTRAINER_KEYS_FIELD_NUMBER: _builtins.int
     TLS_CERT_SHA256_FIELD_NUMBER: _builtins.int
     MADDRS_FIELD_NUMBER: _builtins.int
+    DEMAND_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     trainer_id: _builtins.str
     """peer id of the trainer"""
@@ -168,6 +169,10 @@ class JobRecord(_message.Message):
     def maddrs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """the trainer's announced libp2p multiaddrs (.../p2p/<id>): where its DHT node can be dialled"""
 
+    @_builtins.property
+    def demand(self) -> Global___Demand:
+        """What the job can still use (protocol/demand.py); a record without it is ignored by workers."""
+
     def __init__(
         self,
         *,
@@ -187,14 +192,49 @@ class JobRecord(_message.Message):
         cotrainer_keys: _abc.Iterable[_builtins.bytes] | None = ...,
         tls_cert_sha256: _builtins.bytes = ...,
         maddrs: _abc.Iterable[_builtins.str] | None = ...,
+        demand: Global___Demand | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["demand", b"demand"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_model", b"base_model", "base_model_sha256", b"base_model_sha256", "cotrainer_keys", b"cotrainer_keys", "done", b"done", "endpoint", b"endpoint", "env_version", b"env_version", "environment", b"environment", "head_hash", b"head_hash", "head_version", b"head_version", "job_id", b"job_id", "maddrs", b"maddrs", "spec_json", b"spec_json", "tls_cert_sha256", b"tls_cert_sha256", "trainer_id", b"trainer_id", "trainer_public_key", b"trainer_public_key", "updated_ms", b"updated_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_model", b"base_model", "base_model_sha256", b"base_model_sha256", "cotrainer_keys", b"cotrainer_keys", "demand", b"demand", "done", b"done", "endpoint", b"endpoint", "env_version", b"env_version", "environment", b"environment", "head_hash", b"head_hash", "head_version", b"head_version", "job_id", b"job_id", "maddrs", b"maddrs", "spec_json", b"spec_json", "tls_cert_sha256", b"tls_cert_sha256", "trainer_id", b"trainer_id", "trainer_public_key", b"trainer_public_key", "updated_ms", b"updated_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___JobRecord: _TypeAlias = JobRecord  # noqa: Y015
+
+@_typing.final
+class Demand(_message.Message):
+    """A job's demand as its trainer signs it into the job record (protocol/demand.py). Signed types
+    so that a negative or non-finite value is representable and refused, not wrapped silently.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CAPACITY_FIELD_NUMBER: _builtins.int
+    INTAKE_PER_MIN_FIELD_NUMBER: _builtins.int
+    WEIGHT_FIELD_NUMBER: _builtins.int
+    capacity: _builtins.int
+    """prompts the trainer can lease now and still train on before they go stale: its window
+    ((max_async_level + 1) x batch_max groups) less pending groups and open leases' prompts
+    """
+    intake_per_min: _builtins.float
+    """groups the job consumed (trained) per minute, recently"""
+    weight: _builtins.float
+    """the job's weight (JobSpec.weight, within the trainer's cap)"""
+    def __init__(
+        self,
+        *,
+        capacity: _builtins.int = ...,
+        intake_per_min: _builtins.float = ...,
+        weight: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capacity", b"capacity", "intake_per_min", b"intake_per_min", "weight", b"weight"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Demand: _TypeAlias = Demand  # noqa: Y015
 
 @_typing.final
 class SamplingParams(_message.Message):

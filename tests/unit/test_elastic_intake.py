@@ -1,7 +1,8 @@
 """Elastic intake (issue 24 item 4): a job declares its groups per step as a range
 `batch_groups = [min, max]`; a step waits for `min` trainable groups and takes every pending one up
 to `max`, so more supply makes larger batches instead of stale work; leases are refused ("busy")
-only once two batches of `max` are pending. A plain number keeps its meaning and its job id.
+once pending groups and open leases fill the staleness window of batches of `max`
+(`protocol.demand.window_groups`). A plain number keeps its meaning and its job id.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from swarmrl.node.models.base_model import prepare_base_model
 from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.node.trainer.job import JobRuntime
 from swarmrl.node.trainer.ledger import Ledger
+from swarmrl.protocol.demand import window_groups
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
-from swarmrl.protocol.leases import BACKLOG_BATCHES
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from tests.unit.test_trainer_job import FakeClock, _honest_batch, _lease, _submit
 
@@ -52,10 +53,11 @@ def test_a_step_waits_for_min_and_takes_up_to_max(elastic) -> None:
 
 def test_backlog_counts_batches_of_max(elastic) -> None:
     job = elastic
-    _admit(job, BACKLOG_BATCHES * 5 - 1)                   # one short of two batches of max: still leasing
+    window = window_groups(job.spec)                       # (max_async_level + 1) batches of max
+    assert window == (job.spec.max_async_level + 1) * 5
+    _admit(job, window - 1)                                # one short of the window: still leasing
     who = Identity.from_seed(b"z" * 32)
     assert job.admission.request_lease(who.peer_id, pb.LeaseRequest(job_id=job.job_id)).HasField("lease")
-    _admit(job, 1)
     assert job.admission.request_lease(who.peer_id, pb.LeaseRequest(job_id=job.job_id)).reason == "busy"
 
 
