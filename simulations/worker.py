@@ -1,8 +1,11 @@
 """A worker's session as one SimPy process: find the job, catch up, then lease rounds until it leaves.
 
 One round is one event (lease -> catch up -> generate -> grade -> sign -> submit, as
-`JobSession.work_once`), timed by the worker's speed and links; a worker told "busy" waits for the
-trainer to free a slot and retries at its next poll (no event per poll); a worker whose session
+`JobSession.work_once`), timed by the worker's speed and links. A worker told "busy" goes at once
+to another live trainer of the job that has capacity (`SimTrainer.capacity`), as the product's
+worker skips a trainer that refused; when none has, it waits for its trainer to free a slot and
+retries at its next poll (no event per poll; under the lease rule "capacity" only as many waiters
+are woken as the freed capacity has leases for); a worker whose session
 ends mid-lease crashes there: its lease stays open in the trainer's LeaseBook until it expires
 and its prompts are handed out again.
 """
@@ -48,6 +51,15 @@ class WorkerWorld(Protocol):
     waiting: list[int]
     slot_freed: list[simpy.Event]
 
+    def wait_for_capacity(self, rank: int) -> simpy.Event:
+        """Fires when trainer `rank` has capacity for one more lease (lease_rule "capacity")."""
+
+    def asking(self, rank: int) -> None:
+        """A worker woken by `wait_for_capacity(rank)` asks again now."""
+
+    def stop_waiting(self, rank: int, ev: simpy.Event) -> None:
+        """A worker stops waiting on `ev` of `wait_for_capacity(rank)` (its session ended)."""
+
     def join(self, w: Worker) -> None:
         """The worker joins the swarm (and the delta gossip)."""
 
@@ -56,6 +68,31 @@ class WorkerWorld(Protocol):
 
     def reassign(self, w: Worker) -> None:
         """Move the worker to a live trainer (its own was lost)."""
+
+
+def _busy(world: WorkerWorld, w: Worker, tr: SimTrainer) -> Generator[simpy.Event, Any, None]:
+    """`tr` refused `w` as busy: under the lease rule "capacity", another live trainer with
+    capacity at once, else wait for `tr`'s; under "pending" (the rule before), wait for a slot."""
+    if world.sc.job.lease_rule != "capacity":
+        world.waiting[tr.rank] += 1
+        yield world.slot_freed[tr.rank]
+        world.waiting[tr.rank] -= 1
+        yield world.env.timeout(world.rng.uniform(0, BUSY_RETRY_MS / 1000))
+        return
+    others = [t.rank for t in world.trainers if t.alive and t is not tr and t.capacity() > 0]
+    if others:
+        w.trainer = others[world.rng.randrange(len(others))]
+        return
+    ev = world.wait_for_capacity(tr.rank)
+    if math.isinf(w.leaves_s):
+        yield ev
+    else:   # a worker whose session ends while it waits leaves then (else it would linger as a holder)
+        yield ev | world.env.timeout(max(0.0, w.leaves_s - world.env.now))
+        if not ev.triggered:
+            world.stop_waiting(tr.rank, ev)
+            return
+    yield world.env.timeout(world.rng.uniform(0, BUSY_RETRY_MS / 1000))
+    world.asking(tr.rank)
 
 
 def worker_life(world: WorkerWorld, w: Worker) -> Generator[simpy.Event, Any, None]:
@@ -76,10 +113,7 @@ def worker_life(world: WorkerWorld, w: Worker) -> Generator[simpy.Event, Any, No
         if status in (adm.BANNED, "job_done"):
             break
         if status == "busy":
-            world.waiting[tr.rank] += 1
-            yield world.slot_freed[tr.rank]
-            world.waiting[tr.rank] -= 1
-            yield env.timeout(world.rng.uniform(0, BUSY_RETRY_MS / 1000))
+            yield from _busy(world, w, tr)
             continue
         assert lease is not None
         n = len(lease.prompt_indices)

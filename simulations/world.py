@@ -52,6 +52,8 @@ class World:
         self.live: dict[int, Worker] = {}
         self.waiting = [0] * n
         self.slot_freed = [self.env.event() for _ in range(n)]
+        self.queued: list[list[simpy.Event]] = [[] for _ in range(n)]   # lease_rule "capacity": busy workers
+        self.woken = [0] * n   # of those, woken and not yet asking again
         for _ in range(sc.workers):
             self.spawn()
         self.env.process(self._arrivals())
@@ -163,13 +165,50 @@ class World:
             self.done = True
         self._wake_waiters()
 
+    def wait_for_capacity(self, rank: int) -> simpy.Event:
+        """lease_rule "capacity": an event that fires when trainer `rank` has capacity for this
+        worker again (`_wake_waiters`); the caller counts itself out with `asking` when it asks."""
+        ev = self.env.event()
+        self.queued[rank].append(ev)
+        return ev
+
+    def asking(self, rank: int) -> None:
+        """A worker woken by `wait_for_capacity(rank)` asks trainer `rank` for a lease now."""
+        self.woken[rank] -= 1
+
+    def stop_waiting(self, rank: int, ev: simpy.Event) -> None:
+        """Take `ev` (of `wait_for_capacity(rank)`, not fired) out of the queue."""
+        self.queued[rank].remove(ev)
+
     def _wake_waiters(self) -> None:
         for t in self.trainers:
+            if self.sc.job.lease_rule == "capacity":
+                self._wake_some(t)
+                continue
             if self.waiting[t.rank] and t.alive and self.sc.job.backlog_counts_open:
                 t.expire(int(self.env.now * 1000))   # an expired lease frees a slot under the open-lease rule
             if self.waiting[t.rank] and (not t.alive or self.done or not t.busy()):
                 ev, self.slot_freed[t.rank] = self.slot_freed[t.rank], self.env.event()
                 ev.succeed()
+
+    def _wake_some(self, t: SimTrainer) -> None:
+        """Wake as many of the workers waiting for `t` as its capacity has leases for (all of them
+        once it is dead or the job is done), drawn at random: the product's busy workers read the
+        capacity in its record and ask; those the trainer would refuse again are not woken (the
+        simulator's shortcut: no event per refused poll)."""
+        queue = self.queued[t.rank]
+        if not queue:
+            return
+        if t.alive and not self.done:
+            t.expire(int(self.env.now * 1000))   # an expired lease frees its prompts' share of the promise
+            room = -(-t.capacity() // self.sc.job.prompts_per_lease) - self.woken[t.rank]
+        else:
+            room = len(queue)
+        for _ in range(min(room, len(queue))):
+            i = self.rng.randrange(len(queue))
+            queue[i], queue[-1] = queue[-1], queue[i]
+            queue.pop().succeed()
+            self.woken[t.rank] += 1
 
     def _lose_trainer(self) -> None:
         t = self.trainers[-1]   # trainer_source knows it is this one
@@ -189,7 +228,7 @@ class World:
         """One timeline row now: time (s), version, live workers, `ingest` rate and the counters."""
         m = self.metrics
         return {"t_s": round(self.env.now, 1), "version": self.version, "live_workers": len(self.live),
-                "waiting_workers": sum(self.waiting), "pending_groups": sum(len(t.pending) for t in self.trainers),
+                "waiting_workers": sum(self.waiting) + sum(map(len, self.queued)), "pending_groups": sum(len(t.pending) for t in self.trainers),
                 "groups_admitted": m.counts["groups_admitted"], "groups_wasted": sum(m.wasted.values()),
                 "cheaters_banned": sum(1 for w in self.workers if w.cheater and w.banned_s <= self.env.now),
                 "trainer_upload_bytes": self.gossip.trainer_bytes, "peer_upload_bytes": self.gossip.peer_bytes,

@@ -1,0 +1,128 @@
+"""The simulator's use of the market rules (issue 24 item 7): the trainer's promise from
+`protocol.demand.open_capacity`, the rule before it behind `job.lease_rule = "pending"`, busy
+workers sent to another trainer at once, and only as many waiters woken as there is capacity."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from swarmrl.protocol.demand import open_capacity, window_groups
+from swarmrl.simulations.cheaters import HONEST
+from swarmrl.simulations.metrics import Metrics
+from swarmrl.simulations.network import MBIT, Uplink
+from swarmrl.simulations.population import Worker
+from swarmrl.simulations.run import simulate
+from swarmrl.simulations.scenario import JobShape, Scenario, load_scenario
+from swarmrl.simulations.trainer import SimTrainer
+from swarmrl.simulations.worker import _busy
+from swarmrl.simulations.world import World
+
+JOB = JobShape(batch_groups=8, prompts_per_lease=4, max_async_level=2)   # window: 3 x 8 = 24 prompts
+
+
+def worker(idx: int) -> Worker:
+    return Worker(idx=idx, peer_id=f"p{idx}", gpu="rtx4090", tokens_per_s=2000.0, region="na",
+                  down_bps=1000 * MBIT, uplink=Uplink("na", 20 * MBIT), nat=False, mode=HONEST,
+                  joined_s=0.0, leaves_s=math.inf)
+
+
+def trainer(job: JobShape = JOB) -> SimTrainer:
+    return SimTrainer(0, 1, job, Uplink("na", 1e9), Metrics(), 0.0)
+
+
+def test_the_trainer_leases_no_more_than_its_open_capacity():
+    """6 whole leases fill the window of 24 prompts; a 7th is refused as busy. An answered lease
+    turns open prompts into pending groups: the promise stays spent until a step takes a batch."""
+    t = trainer()
+    assert window_groups(t.spec) == 24
+    got = [t.request_lease(worker(i), 0.0, 0, False) for i in range(7)]
+    assert [s for s, _ in got] == ["lease"] * 6 + ["busy"]
+    assert t.book.open_prompts() == 24 and t.capacity() == 0
+    lease = got[0][1]
+    assert lease is not None
+    assert len(t.submit(worker(0), lease, 5.0, 0)) == 4
+    assert len(t.pending) == 4 and t.book.open_prompts() == 20 and t.capacity() == 0
+    assert len(t.take_batch(6.0)) == 0   # 4 pending: no full batch yet
+    for _, other in got[1:2]:
+        assert other is not None and len(t.submit(worker(1), other, 6.0, 0)) == 4
+    assert len(t.take_batch(7.0)) == 8
+    assert t.capacity() == open_capacity(t.spec, len(t.pending), t.book.open_prompts()) == 8
+    assert t.m.counts["busy_refusals"] == 1
+
+
+def test_a_lease_gets_what_is_left_of_the_promise():
+    """With 2 prompts of capacity left a lease names 2 prompts, not prompts_per_lease."""
+    t = trainer(JobShape(batch_groups=6, prompts_per_lease=4, max_async_level=0))   # window 6
+    first = t.request_lease(worker(0), 0.0, 0, False)[1]
+    second = t.request_lease(worker(1), 0.0, 0, False)[1]
+    assert first is not None and second is not None
+    assert (len(first.prompt_indices), len(second.prompt_indices)) == (4, 2)
+    assert t.request_lease(worker(2), 0.0, 0, False)[0] == "busy"
+
+
+def test_the_rule_before_leases_without_limit_until_pending_groups_fill_the_backlog():
+    """lease_rule "pending" (the A/B's old rule): open leases don't count, whole leases only."""
+    t = trainer(JobShape(batch_groups=8, prompts_per_lease=4, lease_rule="pending"))
+    assert all(t.request_lease(worker(i), 0.0, 0, False)[0] == "lease" for i in range(50))
+    assert t.book.open_prompts() == 200 and t.capacity() == 4
+
+
+def test_a_job_beyond_the_products_bounds_is_refused_naming_the_field():
+    with pytest.raises(ValueError, match="beyond the product's bounds.*group_size"):
+        JobShape(group_size=300)
+    with pytest.raises(ValueError, match="lease_rule"):
+        JobShape(lease_rule="open")   # type: ignore[arg-type]
+
+
+def small(**job: object) -> Scenario:
+    return load_scenario(None, {"workers": 40, "hours": 0.05, "trainers": {"count": 2}, "validation": {"validators": 0},
+                                "job": {"batch_groups": 16, "prompts_per_lease": 4, **job}})
+
+
+def test_a_busy_worker_goes_to_another_trainer_with_capacity_at_once():
+    world = World(small())
+    full, other = world.trainers
+    while full.capacity():
+        full.request_lease(worker(999), 0.0, 0, False)
+    w = world.workers[0]
+    w.trainer = full.rank
+    with pytest.raises(StopIteration):   # no event: it does not wait
+        next(_busy(world, w, full))
+    assert w.trainer == other.rank
+
+
+def test_only_as_many_waiters_are_woken_as_the_capacity_has_leases_for():
+    """10 workers wait on a trainer with 8 prompts of capacity (2 leases of 4): 2 are woken."""
+    world = World(small())
+    t = world.trainers[0]
+    while t.capacity() > 8:
+        t.request_lease(worker(999), 0.0, 0, False)
+    events = [world.wait_for_capacity(t.rank) for _ in range(10)]
+    world._wake_waiters()
+    assert sum(ev.triggered for ev in events) == 2 and world.woken[t.rank] == 2
+    world._wake_waiters()   # those 2 have not asked yet: nobody else is woken
+    assert sum(ev.triggered for ev in events) == 2
+    world.asking(t.rank)
+    world._wake_waiters()
+    assert sum(ev.triggered for ev in events) == 3
+
+
+def test_the_promise_holds_through_a_run_and_wastes_less_than_the_rule_before():
+    """40 workers, 2 trainers, 3 simulated minutes: at every 10 s the pending groups plus open
+    prompts stay within each trainer's window; the capacity rule wastes a smaller share of what it
+    generates than the pending rule on the same scenario."""
+    sc = small()
+    world = World(sc)
+
+    def check(_now: float) -> None:
+        for t in world.trainers:
+            assert len(t.pending) + t.book.open_prompts() <= window_groups(t.spec)
+
+    world.run(sc.seconds, lambda: False, slice_s=10.0, progress=check)
+    assert world.version > 0
+    new = simulate(sc, None)
+    old = simulate(small(lease_rule="pending"), None)
+    assert new["groups_trained"] > 0 and old["groups_trained"] > 0
+    assert new["wasted_share_total"] < old["wasted_share_total"]
