@@ -43,6 +43,8 @@ class Worker:
     generating_s: float = 0.0
     snapshot_version: int = -1
     stats: dict[str, Any] = field(default_factory=dict)
+    refusals: dict[int, int] = field(default_factory=dict)     # trainer rank -> busy refusals in a row
+    skip_until_s: dict[int, float] = field(default_factory=dict)   # trainer rank -> skipped until (busy)
 
     @property
     def reachable(self) -> bool:

@@ -46,6 +46,9 @@ class JobShape(Strict):
                                  "(and leased) before 'busy'")
     backlog_counts_open: bool = Field(False, description="lease_rule 'pending', what-if: the backlog rule counts "
                                       "the prompts of open leases (leases.backlog_full)")
+    ask_at_head: bool = Field(False, description="what-if: a worker asks for a lease only once it holds the "
+                              "job's head version (waiting up to worker.HEAD_WAIT_MAX_S), so a lease's share of the "
+                              "promise is not held while its worker catches up")
     weight: float = Field(1.0, gt=0, description="the job's weight (JobSpec.weight, protocol.market)")
 
     @model_validator(mode="after")

@@ -1,12 +1,12 @@
 """A worker's session as one SimPy process: find the job, catch up, then lease rounds until it leaves.
 
 One round is one event (lease -> catch up -> generate -> grade -> sign -> submit, as
-`JobSession.work_once`), timed by the worker's speed and links. A worker told "busy" goes at once
-to another live trainer of the job that has capacity (`SimTrainer.capacity`), as the product's
-worker skips a trainer that refused; when none has, it waits for its trainer to free a slot and
-retries at its next poll (no event per poll; under the lease rule "capacity" only as many waiters
-are woken as the freed capacity has leases for); a worker whose session
-ends mid-lease crashes there: its lease stays open in the trainer's LeaseBook until it expires
+`JobSession.work_once`), timed by the worker's speed and links. A worker told "busy": under the
+lease rule "capacity" (the product's now), skips that trainer for 1, 2, 4 ... 60 s (its refusals in
+a row, as `node/worker/market.py`), goes at once to a trainer it does not skip that has capacity,
+else waits until one has (its record would say so) and asks at its next poll; under "pending" (the
+rule before) it waits for its trainer to free a slot and retries at its next poll. No event per
+poll either way. A worker whose session ends mid-lease crashes there: its lease stays open in the trainer's LeaseBook until it expires
 and its prompts are handed out again.
 """
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from swarmrl.simulations.validator import Validators
 
 JOB_POLL_S = 1.0   # worker config poll_s: how often a worker looks for jobs
+HEAD_WAIT_MAX_S = 30.0   # what-if job.ask_at_head: the longest a worker waits to hold the head before asking
 
 
 class WorkerWorld(Protocol):
@@ -54,9 +55,6 @@ class WorkerWorld(Protocol):
     def wait_for_capacity(self, rank: int) -> simpy.Event:
         """Fires when trainer `rank` has capacity for one more lease (lease_rule "capacity")."""
 
-    def asking(self, rank: int) -> None:
-        """A worker woken by `wait_for_capacity(rank)` asks again now."""
-
     def stop_waiting(self, rank: int, ev: simpy.Event) -> None:
         """A worker stops waiting on `ev` of `wait_for_capacity(rank)` (its session ended)."""
 
@@ -70,29 +68,62 @@ class WorkerWorld(Protocol):
         """Move the worker to a live trainer (its own was lost)."""
 
 
+BUSY_SKIP_S, BUSY_SKIP_MAX_S = 1.0, 60.0
+"""The product worker's skip of a trainer that refused as busy (`node/worker/market.py`; the
+simulator imports no node code): `max(retry hint, BUSY_SKIP_S) * 2 ** (k - 1)` seconds, at most
+BUSY_SKIP_MAX_S, k its refusals in a row, reset by a granted lease."""
+
+
+def busy_skip_s(refusals: int) -> float:
+    """How long a trainer is skipped after `refusals` (>= 1) busy refusals in a row."""
+    return float(min(BUSY_SKIP_MAX_S, max(BUSY_RETRY_MS / 1000, BUSY_SKIP_S) * 2.0 ** (refusals - 1)))
+
+
 def _busy(world: WorkerWorld, w: Worker, tr: SimTrainer) -> Generator[simpy.Event, Any, None]:
-    """`tr` refused `w` as busy: under the lease rule "capacity", another live trainer with
-    capacity at once, else wait for `tr`'s; under "pending" (the rule before), wait for a slot."""
+    """`tr` refused `w` as busy. Under the lease rule "pending" (the rule before): wait for a slot.
+    Under "capacity", as the product's worker (`JobMarket.refused_busy`): skip `tr` for
+    `busy_skip_s`; go at once to a live trainer not skipped that has capacity; else wait until one
+    not skipped has capacity (its record says so), or until the first skip ends."""
     if world.sc.job.lease_rule != "capacity":
         world.waiting[tr.rank] += 1
         yield world.slot_freed[tr.rank]
         world.waiting[tr.rank] -= 1
         yield world.env.timeout(world.rng.uniform(0, BUSY_RETRY_MS / 1000))
         return
-    others = [t.rank for t in world.trainers if t.alive and t is not tr and t.capacity() > 0]
-    if others:
-        w.trainer = others[world.rng.randrange(len(others))]
-        return
-    ev = world.wait_for_capacity(tr.rank)
-    if math.isinf(w.leaves_s):
-        yield ev
-    else:   # a worker whose session ends while it waits leaves then (else it would linger as a holder)
-        yield ev | world.env.timeout(max(0.0, w.leaves_s - world.env.now))
-        if not ev.triggered:
-            world.stop_waiting(tr.rank, ev)
+    env = world.env
+    k = w.refusals[tr.rank] = w.refusals.get(tr.rank, 0) + 1
+    w.skip_until_s[tr.rank] = env.now + busy_skip_s(k)
+    while env.now < w.leaves_s:
+        alive = [t for t in world.trainers if t.alive]
+        open_ = [t for t in alive if w.skip_until_s.get(t.rank, 0.0) <= env.now]
+        ready = [t for t in open_ if t.capacity() > 0]
+        if ready or not alive:
+            w.trainer = ready[world.rng.randrange(len(ready))].rank if ready else w.trainer
             return
-    yield world.env.timeout(world.rng.uniform(0, BUSY_RETRY_MS / 1000))
-    world.asking(tr.rank)
+        if not open_:   # every trainer skipped: look again when the first skip ends
+            yield env.timeout(min(w.skip_until_s[t.rank] for t in alive) - env.now)
+            continue
+        t = open_[world.rng.randrange(len(open_))]
+        ev = world.wait_for_capacity(t.rank)
+        yield ev | env.timeout(max(0.0, min(w.leaves_s, env.now + BUSY_SKIP_MAX_S) - env.now))
+        if not ev.triggered:   # the session ended (else it would linger as a holder), or a long quiet
+            world.stop_waiting(t.rank, ev)
+            continue
+        yield env.timeout(world.rng.uniform(0, JOB_POLL_S))   # its next poll reads the record
+        w.trainer = t.rank
+        return
+
+
+def _await_head(world: WorkerWorld, w: Worker) -> Generator[simpy.Event, Any, None]:
+    """What-if `job.ask_at_head`: wait (polling every JOB_POLL_S) until `w` holds the head version,
+    at most HEAD_WAIT_MAX_S or until its session ends."""
+    env = world.env
+    until = min(env.now + HEAD_WAIT_MAX_S, w.leaves_s)
+    while env.now < until:
+        held = world.gossip.held_at(w, world.version)
+        if held <= env.now:
+            return
+        yield env.timeout(min(held, env.now + JOB_POLL_S, until) - env.now)
 
 
 def worker_life(world: WorkerWorld, w: Worker) -> Generator[simpy.Event, Any, None]:
@@ -109,6 +140,8 @@ def worker_life(world: WorkerWorld, w: Worker) -> Generator[simpy.Event, Any, No
             yield env.timeout(world.sc.trainers.reconnect_s)
             world.reassign(w)
             continue
+        if world.sc.job.ask_at_head:
+            yield from _await_head(world, w)
         status, lease = tr.request_lease(w, env.now, world.version, world.done)
         if status in (adm.BANNED, "job_done"):
             break
@@ -116,6 +149,7 @@ def worker_life(world: WorkerWorld, w: Worker) -> Generator[simpy.Event, Any, No
             yield from _busy(world, w, tr)
             continue
         assert lease is not None
+        w.refusals.pop(tr.rank, None)   # a granted lease resets its busy refusals (JobMarket.granted)
         n = len(lease.prompt_indices)
         gen_s = n * world.sc.job.group_size * world.profile.tokens_per_completion / w.tokens_per_s \
             + world.profile.round_overhead_s

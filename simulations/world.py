@@ -53,7 +53,6 @@ class World:
         self.waiting = [0] * n
         self.slot_freed = [self.env.event() for _ in range(n)]
         self.queued: list[list[simpy.Event]] = [[] for _ in range(n)]   # lease_rule "capacity": busy workers
-        self.woken = [0] * n   # of those, woken and not yet asking again
         for _ in range(sc.workers):
             self.spawn()
         self.env.process(self._arrivals())
@@ -166,15 +165,11 @@ class World:
         self._wake_waiters()
 
     def wait_for_capacity(self, rank: int) -> simpy.Event:
-        """lease_rule "capacity": an event that fires when trainer `rank` has capacity for this
-        worker again (`_wake_waiters`); the caller counts itself out with `asking` when it asks."""
+        """lease_rule "capacity": an event that fires when trainer `rank` has capacity again
+        (`_wake_waiters`: its record would announce it)."""
         ev = self.env.event()
         self.queued[rank].append(ev)
         return ev
-
-    def asking(self, rank: int) -> None:
-        """A worker woken by `wait_for_capacity(rank)` asks trainer `rank` for a lease now."""
-        self.woken[rank] -= 1
 
     def stop_waiting(self, rank: int, ev: simpy.Event) -> None:
         """Take `ev` (of `wait_for_capacity(rank)`, not fired) out of the queue."""
@@ -192,23 +187,19 @@ class World:
                 ev.succeed()
 
     def _wake_some(self, t: SimTrainer) -> None:
-        """Wake as many of the workers waiting for `t` as its capacity has leases for (all of them
-        once it is dead or the job is done), drawn at random: the product's busy workers read the
-        capacity in its record and ask; those the trainer would refuse again are not woken (the
-        simulator's shortcut: no event per refused poll)."""
+        """Wake every worker waiting for `t` once it has capacity (or is dead, or the job is
+        done): the product's workers whose busy skip of `t` has ended read the capacity in its
+        record and ask (those refused again skip it for longer: `worker.busy_skip_s`)."""
         queue = self.queued[t.rank]
         if not queue:
             return
         if t.alive and not self.done:
             t.expire(int(self.env.now * 1000))   # an expired lease frees its prompts' share of the promise
-            room = -(-t.capacity() // self.sc.job.prompts_per_lease) - self.woken[t.rank]
-        else:
-            room = len(queue)
-        for _ in range(min(room, len(queue))):
-            i = self.rng.randrange(len(queue))
-            queue[i], queue[-1] = queue[-1], queue[i]
-            queue.pop().succeed()
-            self.woken[t.rank] += 1
+            if t.capacity() == 0:
+                return
+        self.queued[t.rank] = []
+        for ev in queue:
+            ev.succeed()
 
     def _lose_trainer(self) -> None:
         t = self.trainers[-1]   # trainer_source knows it is this one

@@ -16,7 +16,7 @@ from swarmrl.simulations.population import Worker
 from swarmrl.simulations.run import simulate
 from swarmrl.simulations.scenario import JobShape, Scenario, load_scenario
 from swarmrl.simulations.trainer import SimTrainer
-from swarmrl.simulations.worker import _busy
+from swarmrl.simulations.worker import _busy, busy_skip_s
 from swarmrl.simulations.world import World
 
 JOB = JobShape(batch_groups=8, prompts_per_lease=4, max_async_level=2)   # window: 3 x 8 = 24 prompts
@@ -81,7 +81,7 @@ def small(**job: object) -> Scenario:
                                 "job": {"batch_groups": 16, "prompts_per_lease": 4, **job}})
 
 
-def test_a_busy_worker_goes_to_another_trainer_with_capacity_at_once():
+def test_a_busy_worker_skips_the_trainer_and_goes_to_another_with_capacity_at_once():
     world = World(small())
     full, other = world.trainers
     while full.capacity():
@@ -91,22 +91,33 @@ def test_a_busy_worker_goes_to_another_trainer_with_capacity_at_once():
     with pytest.raises(StopIteration):   # no event: it does not wait
         next(_busy(world, w, full))
     assert w.trainer == other.rank
+    assert w.refusals == {full.rank: 1} and w.skip_until_s[full.rank] == busy_skip_s(1) == 1.0
 
 
-def test_only_as_many_waiters_are_woken_as_the_capacity_has_leases_for():
-    """10 workers wait on a trainer with 8 prompts of capacity (2 leases of 4): 2 are woken."""
-    world = World(small())
-    t = world.trainers[0]
-    while t.capacity() > 8:
-        t.request_lease(worker(999), 0.0, 0, False)
-    events = [world.wait_for_capacity(t.rank) for _ in range(10)]
+def test_busy_skips_double_per_refusal_in_a_row_up_to_a_minute():
+    assert [busy_skip_s(k) for k in (1, 2, 3, 6, 7, 20)] == [1.0, 2.0, 4.0, 32.0, 60.0, 60.0]
+
+
+def test_a_worker_refused_everywhere_waits_for_capacity_and_every_waiter_wakes_when_it_comes():
+    """Both trainers full: the busy worker waits on one it does not skip (after the first
+    refusal's 1 s skip, here on the other trainer); nothing wakes it while capacity is 0; when a
+    step frees capacity every waiter of that trainer wakes. (The swarm's own workers start later.)"""
+    world = World(load_scenario(None, {**small().model_dump(), "job_start_s": 100.0}))
+    for t in world.trainers:
+        while t.capacity():
+            t.request_lease(worker(999), 0.0, 0, False)
+    w = world.workers[0]
+    w.trainer = 0
+    world.env.process(_busy(world, w, world.trainers[0]))
+    world.env.run(until=0.5)
+    assert [len(q) for q in world.queued] == [0, 1]
+    waiters = [world.wait_for_capacity(1) for _ in range(3)]
     world._wake_waiters()
-    assert sum(ev.triggered for ev in events) == 2 and world.woken[t.rank] == 2
-    world._wake_waiters()   # those 2 have not asked yet: nobody else is woken
-    assert sum(ev.triggered for ev in events) == 2
-    world.asking(t.rank)
+    assert not any(ev.triggered for ev in waiters)
+    t = world.trainers[1]
+    t.book.revoke(t.book.open_of("p999")[:1])   # one lease's prompts back: capacity 4
     world._wake_waiters()
-    assert sum(ev.triggered for ev in events) == 3
+    assert all(ev.triggered for ev in waiters) and world.queued[1] == []
 
 
 def test_the_promise_holds_through_a_run_and_wastes_less_than_the_rule_before():
