@@ -16,7 +16,7 @@ from swarmrl.simulations.population import Worker
 from swarmrl.simulations.run import simulate
 from swarmrl.simulations.scenario import JobShape, Scenario, load_scenario
 from swarmrl.simulations.trainer import SimTrainer
-from swarmrl.simulations.worker import _busy, busy_skip_s
+from swarmrl.simulations.worker import HEAD_WAIT_MAX_S, _await_head, _busy, busy_skip_s
 from swarmrl.simulations.world import World
 
 JOB = JobShape(batch_groups=8, prompts_per_lease=4, max_async_level=2)   # window: 3 x 8 = 24 prompts
@@ -137,3 +137,22 @@ def test_the_promise_holds_through_a_run_and_wastes_less_than_the_rule_before():
     old = simulate(small(lease_rule="pending"), None)
     assert new["groups_trained"] > 0 and old["groups_trained"] > 0
     assert new["wasted_share_total"] < old["wasted_share_total"]
+
+
+def test_ask_at_head_waits_until_the_worker_holds_the_head_and_no_longer_than_its_bound():
+    """What-if job.ask_at_head: a worker holding the head asks at once; one that never gets it
+    (no version record for it) asks anyway after HEAD_WAIT_MAX_S."""
+    world = World(load_scenario(None, {**small(ask_at_head=True).model_dump(), "job_start_s": 100.0}))
+    w = world.workers[0]
+    world.gossip.held[0][w.idx] = 0.0
+    with pytest.raises(StopIteration):   # it holds version 0, the head: no wait
+        next(_await_head(world, w))
+    world.version = 5
+    world.gossip.held[5] = {}   # published, w not among the holders
+    proc = world.env.process(_await_head(world, w))
+    world.env.run(until=proc)
+    assert world.env.now == HEAD_WAIT_MAX_S
+    world.gossip.held[5] = {w.idx: 40.0}   # it will hold it 10 s from now
+    proc = world.env.process(_await_head(world, w))
+    world.env.run(until=proc)
+    assert world.env.now == 40.0
