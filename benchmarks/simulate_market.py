@@ -1,6 +1,8 @@
 """Old lease rule against new on one scenario (issue 24's first figure): wasted share and groups trained.
 
     .venv/bin/python benchmarks/simulate_market.py [--scenario scale-10k] [--hours 1] [--workers N] [--seed 0]
+    .venv/bin/python benchmarks/simulate_market.py --hours 0.25 --rules capacity \
+        --over '{"job": {"ask_at_head": true}, "validation": {"probation_s": 0}}'    # a what-if
 
 Runs the scenario twice, each in its own child process (side by side on 2 cores): `job.lease_rule
 = "pending"` (the trainer's rule before issue 24: `leases.backlog_full` over pending groups,
@@ -28,14 +30,23 @@ RULES = ("pending", "capacity")
 WASTED_MAX, TRAINED_MIN = 0.2, 0.9
 
 
-def one(scenario: str, rule: str, hours: float, workers: int, seed: int) -> dict[str, Any]:
-    """Run the scenario under `rule` in this process; its figures."""
+def merged(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """`top` over `base`, nested dicts merged."""
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def one(scenario: str, rule: str, hours: float, workers: int, seed: int, extra: str = "") -> dict[str, Any]:
+    """Run the scenario under `rule` (with the JSON overrides `extra`) in this process; its figures."""
     from swarmrl.simulations.run import simulate
     from swarmrl.simulations.scenario import load_scenario
 
     over: dict[str, Any] = {"hours": hours, "seed": seed, "job": {"lease_rule": rule}}
     if workers:
         over |= {"workers": workers, "churn": {"joins_per_hour": 0.35 * workers}}
+    over = merged(over, json.loads(extra or "{}"))
     sc = load_scenario(SCENARIOS / f"{scenario}.toml", over)
     c0, t0 = time.process_time(), time.monotonic()
     s = simulate(sc, None)
@@ -51,7 +62,7 @@ def one(scenario: str, rule: str, hours: float, workers: int, seed: int) -> dict
 
 def child(args: argparse.Namespace, rule: str) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--one", rule, "--scenario", args.scenario, "--hours", str(args.hours),
-           "--workers", str(args.workers), "--seed", str(args.seed)]
+           "--workers", str(args.workers), "--seed", str(args.seed), "--over", args.over]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
@@ -89,16 +100,18 @@ def main() -> None:
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--workers", type=int, default=0, help="override the workers (and joins at 0.35 per worker-hour)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--over", default="", help="scenario overrides as JSON, for every rule (a what-if)")
     ap.add_argument("--rules", default=",".join(RULES), help="lease rules to run, the old one first")
     ap.add_argument("--one", choices=RULES, default="", help=argparse.SUPPRESS)   # a child: one rule, JSON out
     args = ap.parse_args()
     if args.one:
-        print(json.dumps(one(args.scenario, args.one, args.hours, args.workers, args.seed)))
+        print(json.dumps(one(args.scenario, args.one, args.hours, args.workers, args.seed, args.over)))
         return
     rules = args.rules.split(",")
     with ThreadPoolExecutor(len(rules)) as pool:
         rows = list(pool.map(lambda r: child(args, r), rules))
-    print(f"{args.scenario}, {args.hours:g} simulated h, seed {args.seed}" + (f", {args.workers} workers" * bool(args.workers)))
+    print(f"{args.scenario}, {args.hours:g} simulated h, seed {args.seed}" + (f", {args.workers} workers" * bool(args.workers))
+          + (f", overrides {args.over}" * bool(args.over)))
     print("\n".join(table(rows)))
     if len(rows) == 2:
         print(verdict(rows))
