@@ -44,7 +44,8 @@ class Worker:
     snapshot_version: int = -1
     stats: dict[str, Any] = field(default_factory=dict)
     refusals: dict[int, int] = field(default_factory=dict)     # trainer rank -> busy refusals in a row
-    skip_until_s: dict[int, float] = field(default_factory=dict)   # trainer rank -> skipped until (busy)
+    skips: dict[int, tuple[float, float, int]] = field(default_factory=dict)   # trainer rank -> busy skip
+    # (until s, earliest early end s, head version when refused): worker.skipped reads it
 
     @property
     def reachable(self) -> bool:

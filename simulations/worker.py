@@ -3,7 +3,7 @@
 One round is one event (lease -> catch up -> generate -> grade -> sign -> submit, as
 `JobSession.work_once`), timed by the worker's speed and links. A worker told "busy": under the
 lease rule "capacity" (the product's now), skips that trainer for 1, 2, 4 ... 60 s (its refusals in
-a row, as `node/worker/market.py`), goes at once to a trainer it does not skip that has capacity,
+a row, ending early once the trainer steps: `node/worker/market.py`), goes at once to a trainer it does not skip that has capacity,
 else waits until one has (its record would say so) and asks at its next poll; under "pending" (the
 rule before) it waits for its trainer to free a slot and retries at its next poll. No event per
 poll either way. A worker whose session ends mid-lease crashes there: its lease stays open in the trainer's LeaseBook until it expires
@@ -51,6 +51,7 @@ class WorkerWorld(Protocol):
     done: bool
     waiting: list[int]
     slot_freed: list[simpy.Event]
+    published: simpy.Event   # fires at the next version's publication (then replaced)
 
     def wait_for_capacity(self, rank: int) -> simpy.Event:
         """Fires when trainer `rank` has capacity for one more lease (lease_rule "capacity")."""
@@ -71,7 +72,8 @@ class WorkerWorld(Protocol):
 BUSY_SKIP_S, BUSY_SKIP_MAX_S = 1.0, 60.0
 """The product worker's skip of a trainer that refused as busy (`node/worker/market.py`; the
 simulator imports no node code): `max(retry hint, BUSY_SKIP_S) * 2 ** (k - 1)` seconds, at most
-BUSY_SKIP_MAX_S, k its refusals in a row, reset by a granted lease."""
+BUSY_SKIP_MAX_S, k its refusals in a row, reset by a granted lease; it ends early, never before
+`max(retry hint, BUSY_SKIP_S)`, once the trainer announces a newer head version (it stepped)."""
 
 
 def busy_skip_s(refusals: int) -> float:
@@ -79,11 +81,18 @@ def busy_skip_s(refusals: int) -> float:
     return float(min(BUSY_SKIP_MAX_S, max(BUSY_RETRY_MS / 1000, BUSY_SKIP_S) * 2.0 ** (refusals - 1)))
 
 
+def skip_ends_s(w: Worker, rank: int, version: int) -> float:
+    """When `w`'s busy skip of trainer `rank` ends (0.0: not skipped), the head being `version`:
+    at its end, or at its earliest early end once the trainer has stepped since the refusal."""
+    until, earliest, head = w.skips.get(rank, (0.0, 0.0, 0))
+    return earliest if version > head else until
+
+
 def _busy(world: WorkerWorld, w: Worker, tr: SimTrainer) -> Generator[simpy.Event, Any, None]:
     """`tr` refused `w` as busy. Under the lease rule "pending" (the rule before): wait for a slot.
-    Under "capacity", as the product's worker (`JobMarket.refused_busy`): skip `tr` for
-    `busy_skip_s`; go at once to a live trainer not skipped that has capacity; else wait until one
-    not skipped has capacity (its record says so), or until the first skip ends."""
+    Under "capacity", as the product's worker (`JobMarket.refused_busy`, `skipped`): skip `tr`
+    (`busy_skip_s`, `skip_ends_s`); go at once to a live trainer not skipped that has capacity;
+    else wait until one not skipped has capacity (its record says so), or a skip may end."""
     if world.sc.job.lease_rule != "capacity":
         world.waiting[tr.rank] += 1
         yield world.slot_freed[tr.rank]
@@ -92,16 +101,18 @@ def _busy(world: WorkerWorld, w: Worker, tr: SimTrainer) -> Generator[simpy.Even
         return
     env = world.env
     k = w.refusals[tr.rank] = w.refusals.get(tr.rank, 0) + 1
-    w.skip_until_s[tr.rank] = env.now + busy_skip_s(k)
+    base = max(BUSY_RETRY_MS / 1000, BUSY_SKIP_S)
+    w.skips[tr.rank] = (env.now + busy_skip_s(k), env.now + base, world.version)
     while env.now < w.leaves_s:
         alive = [t for t in world.trainers if t.alive]
-        open_ = [t for t in alive if w.skip_until_s.get(t.rank, 0.0) <= env.now]
+        open_ = [t for t in alive if skip_ends_s(w, t.rank, world.version) <= env.now]
         ready = [t for t in open_ if t.capacity() > 0]
         if ready or not alive:
             w.trainer = ready[world.rng.randrange(len(ready))].rank if ready else w.trainer
             return
-        if not open_:   # every trainer skipped: look again when the first skip ends
-            yield env.timeout(min(w.skip_until_s[t.rank] for t in alive) - env.now)
+        if not open_:   # every trainer skipped: look again when the first skip ends or a step is published
+            ends = min(skip_ends_s(w, t.rank, world.version) for t in alive)
+            yield env.timeout(ends - env.now) | world.published
             continue
         t = open_[world.rng.randrange(len(open_))]
         ev = world.wait_for_capacity(t.rank)

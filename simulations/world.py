@@ -53,6 +53,7 @@ class World:
         self.waiting = [0] * n
         self.slot_freed = [self.env.event() for _ in range(n)]
         self.queued: list[list[simpy.Event]] = [[] for _ in range(n)]   # lease_rule "capacity": busy workers
+        self.published = self.env.event()   # fires at the next version's publication (busy skips end early)
         for _ in range(sc.workers):
             self.spawn()
         self.env.process(self._arrivals())
@@ -160,6 +161,8 @@ class World:
             if t.alive:
                 t.drop_stale(self.version)
         self.gossip.publish(self.version, self.env.now, list(self.live.values()))
+        ev, self.published = self.published, self.env.event()
+        ev.succeed()
         if self.sc.job.steps and self.version >= self.sc.job.steps:
             self.done = True
         self._wake_waiters()

@@ -16,7 +16,7 @@ from swarmrl.simulations.population import Worker
 from swarmrl.simulations.run import simulate
 from swarmrl.simulations.scenario import JobShape, Scenario, load_scenario
 from swarmrl.simulations.trainer import SimTrainer
-from swarmrl.simulations.worker import HEAD_WAIT_MAX_S, _await_head, _busy, busy_skip_s
+from swarmrl.simulations.worker import HEAD_WAIT_MAX_S, _await_head, _busy, busy_skip_s, skip_ends_s
 from swarmrl.simulations.world import World
 
 JOB = JobShape(batch_groups=8, prompts_per_lease=4, max_async_level=2)   # window: 3 x 8 = 24 prompts
@@ -91,7 +91,15 @@ def test_a_busy_worker_skips_the_trainer_and_goes_to_another_with_capacity_at_on
     with pytest.raises(StopIteration):   # no event: it does not wait
         next(_busy(world, w, full))
     assert w.trainer == other.rank
-    assert w.refusals == {full.rank: 1} and w.skip_until_s[full.rank] == busy_skip_s(1) == 1.0
+    assert w.refusals == {full.rank: 1} and w.skips[full.rank] == (1.0, 1.0, 0)
+
+
+def test_a_busy_skip_ends_early_once_the_trainer_steps_but_not_before_the_base_second():
+    w = worker(0)
+    w.skips[0] = (8.0, 1.0, 3)   # the 4th refusal in a row at t = 0 s, head version 3
+    assert skip_ends_s(w, 0, 3) == 8.0   # no step since: the whole skip
+    assert skip_ends_s(w, 0, 4) == 1.0   # it stepped: the base second only
+    assert skip_ends_s(w, 1, 4) == 0.0   # a trainer never refused: not skipped
 
 
 def test_busy_skips_double_per_refusal_in_a_row_up_to_a_minute():
