@@ -43,7 +43,7 @@ from swarmrl.simulations.scenario import load_scenario
 SCENARIOS = Path(__file__).resolve().parents[1] / "simulations" / "scenarios"
 
 BEFORE = {"gossip": {"peer_wait_s": 1.0, "max_peer_attempts": 0, "wait_rule": "fixed"},
-          "job": {"backlog_counts_open": False, "backlog_batches": 2}}
+          "job": {"lease_rule": "pending", "backlog_counts_open": False, "backlog_batches": 2}}
 
 
 def variant(gossip: dict[str, Any] | None = None, job: dict[str, Any] | None = None) -> dict[str, Any]:

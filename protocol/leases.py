@@ -44,8 +44,8 @@ def backlog_full(pending_groups: int, batch_groups: int, *, open_prompts: int = 
     `LeaseBook.open_prompts()`: in simulations/README.md ("Defaults") that cuts stale rollouts
     from ~76% to ~27% but trains ~27% fewer groups per hour). The trainer no longer uses it: it
     leases at most its open capacity (`protocol.demand.open_capacity`: a window of
-    `(max_async_level + 1)` batches of `batch_max`, open leases counted), which the simulator
-    has yet to adopt (issue 24 item 7)."""
+    `(max_async_level + 1)` batches of `batch_max`, open leases counted), as the simulator
+    does by default (`job.lease_rule = "capacity"`; "pending" runs this rule)."""
     return pending_groups + open_prompts >= batches * batch_groups
 
 

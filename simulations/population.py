@@ -43,6 +43,9 @@ class Worker:
     generating_s: float = 0.0
     snapshot_version: int = -1
     stats: dict[str, Any] = field(default_factory=dict)
+    refusals: dict[int, int] = field(default_factory=dict)     # trainer rank -> busy refusals in a row
+    skips: dict[int, tuple[float, float, int]] = field(default_factory=dict)   # trainer rank -> busy skip
+    # (until s, earliest early end s, head version when refused): worker.skipped reads it
 
     @property
     def reachable(self) -> bool:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from swarmrl.protocol import delta_sources
+from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.leases import BACKLOG_BATCHES
 from swarmrl.protocol.red_team_modes import MODES
 from swarmrl.simulations.profiles import GPU_CLASSES, MODEL_PROFILES
@@ -36,15 +37,37 @@ class JobShape(Strict):
     max_async_level: int = Field(2, ge=0)
     lease_ttl_s: float = Field(120.0, gt=0)
     steps: int = Field(0, ge=0, description="0: train until the simulated time ends")
-    backlog_batches: int = Field(BACKLOG_BATCHES, ge=1, description="batches pending (and leased) before 'busy'")
-    backlog_counts_open: bool = Field(False, description="what-if: the backlog rule counts the prompts of "
-                                      "open leases (leases.backlog_full)")
+    lease_rule: Literal["capacity", "pending"] = Field(
+        "capacity", description="how much a trainer leases: 'capacity' the product's promise since issue 24 "
+        "(protocol.demand.open_capacity: (max_async_level + 1) batches less pending groups and open leases' "
+        "prompts; a busy worker goes to another trainer with capacity at once), 'pending' the rule before "
+        "(leases.backlog_full over pending groups: unlimited leases until backlog_batches are pending)")
+    backlog_batches: int = Field(BACKLOG_BATCHES, ge=1, description="lease_rule 'pending': batches pending "
+                                 "(and leased) before 'busy'")
+    backlog_counts_open: bool = Field(False, description="lease_rule 'pending', what-if: the backlog rule counts "
+                                      "the prompts of open leases (leases.backlog_full)")
+    ask_at_head: bool = Field(False, description="what-if: a worker asks for a lease only once it holds the "
+                              "job's head version (waiting up to worker.HEAD_WAIT_MAX_S), so a lease's share of the "
+                              "promise is not held while its worker catches up")
+    weight: float = Field(1.0, gt=0, description="the job's weight (JobSpec.weight, protocol.market)")
 
     @model_validator(mode="after")
     def _known_model(self) -> JobShape:
         if self.model not in MODEL_PROFILES:
             raise ValueError(f"job.model: unknown profile {self.model!r} (known: {', '.join(MODEL_PROFILES)})")
+        try:
+            self.spec()
+        except ValidationError as exc:
+            raise ValueError(f"job: beyond the product's bounds ({scenario_error(exc)})") from None
         return self
+
+    def spec(self) -> JobSpec:
+        """The product's `JobSpec` with this job's knobs (what `protocol.demand` reads: group size,
+        batch, async level, lease size and TTL, weight); model and environment are stand-ins."""
+        return JobSpec(base_model="sim", base_model_sha256="0" * 64, group_size=self.group_size,
+                       batch_groups=self.batch_groups, prompts_per_lease=self.prompts_per_lease,
+                       max_async_level=self.max_async_level, lease_ttl_s=self.lease_ttl_s,
+                       steps=self.steps or 1_000_000, weight=self.weight)
 
 
 class Churn(Strict):

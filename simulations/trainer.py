@@ -1,7 +1,9 @@
 """A trainer on the simulated clock: the real lease book and admission checks, a pending pool, bans.
 
 What runs for real: `protocol.leases.LeaseBook` (issue, expire, revoke, re-issue; times injected),
-the backlog rule (`leases.backlog_full`), `protocol.admission`'s batch and group checks on stand-in
+the lease rule (`protocol.demand.open_capacity`, the product's promise: a lease of at most the open
+capacity, "busy" at 0; or, under the scenario's `lease_rule = "pending"`, the rule before it,
+`leases.backlog_full` over pending groups), `protocol.admission`'s batch and group checks on stand-in
 protobufs, `verdicts.is_attributable` / `STRIKES_TO_BAN` for strikes, probation as the trainer's
 `trainable_cutoff` reads it, and the staleness window at admission and at the step. What is not:
 the ledger (a deque), signatures (a mode flag says a batch's signature is forged) and the model.
@@ -15,6 +17,7 @@ from collections import Counter
 
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol import red_team_modes as modes
+from swarmrl.protocol.demand import open_capacity
 from swarmrl.protocol.leases import LeaseBook, backlog_full
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.verdicts import BAD_SIGNATURE_ON_OWN_LEASE, STRIKES_TO_BAN, is_attributable
@@ -38,6 +41,7 @@ class SimTrainer:
         ids = itertools.count()   # lease ids "rank-n": unique per swarm, reproducible from the seed
         self.book = LeaseBook(JOB_ID, ttl_ms=int(job.lease_ttl_s * 1000), shard=(rank, count),
                               new_lease_id=lambda: f"{rank}-{next(ids)}")
+        self.spec = job.spec()
         self.lim = ch.limits(job.max_async_level)
         self.sampling = pb.SamplingParams(n=job.group_size)
         self.pending = PendingPool(probation_s)
@@ -59,19 +63,31 @@ class SimTrainer:
         if done:
             return "job_done", None
         self.expire(now)
-        if self.busy():
+        capacity = self.capacity()
+        if capacity == 0:
+            self.m.count("busy_refusals")
             return "busy", None
-        lease = self.book.issue(w.peer_id, self.job.prompts_per_lease, version, self.sampling, now)
+        lease = self.book.issue(w.peer_id, min(self.job.prompts_per_lease, capacity), version, self.sampling, now)
         self.issued.update(lease.prompt_indices)
         self.m.count("leases_issued")
         return "lease", lease
 
-    def busy(self) -> bool:
-        """The product's backlog rule (`leases.backlog_full`): pending groups plus, unless the
-        scenario's what-if says not to, the unanswered prompts of open leases."""
+    def capacity(self) -> int:
+        """Prompts this trainer leases now (0: "busy"). Under `lease_rule` "capacity" the
+        product's promise, `protocol.demand.open_capacity`: `(max_async_level + 1) * batch_max`
+        less the pending groups and the unanswered prompts of open leases. Under "pending" the
+        rule before it, `leases.backlog_full`: a whole lease until the pending groups (plus, under
+        the what-if `backlog_counts_open`, open leases' prompts) fill `backlog_batches` batches."""
+        if self.job.lease_rule == "capacity":
+            return open_capacity(self.spec, len(self.pending), self.book.open_prompts())
         open_prompts = self.book.open_prompts() if self.job.backlog_counts_open else 0
-        return backlog_full(len(self.pending), self.job.batch_groups, open_prompts=open_prompts,
+        full = backlog_full(len(self.pending), self.job.batch_groups, open_prompts=open_prompts,
                             batches=self.job.backlog_batches)
+        return 0 if full else self.job.prompts_per_lease
+
+    def busy(self) -> bool:
+        """True when a lease request now would be refused as "busy" (`capacity` is 0)."""
+        return self.capacity() == 0
 
     def expire(self, now_ms: int) -> None:
         """Expire overdue leases at `now_ms` (ms), at most once per EXPIRE_EVERY_MS."""

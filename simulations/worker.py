@@ -1,9 +1,12 @@
 """A worker's session as one SimPy process: find the job, catch up, then lease rounds until it leaves.
 
 One round is one event (lease -> catch up -> generate -> grade -> sign -> submit, as
-`JobSession.work_once`), timed by the worker's speed and links; a worker told "busy" waits for the
-trainer to free a slot and retries at its next poll (no event per poll); a worker whose session
-ends mid-lease crashes there: its lease stays open in the trainer's LeaseBook until it expires
+`JobSession.work_once`), timed by the worker's speed and links. A worker told "busy": under the
+lease rule "capacity" (the product's now), skips that trainer for 1, 2, 4 ... 60 s (its refusals in
+a row, ending early once the trainer steps: `node/worker/market.py`), goes at once to a trainer it does not skip that has capacity,
+else waits until one has (its record would say so) and asks at its next poll; under "pending" (the
+rule before) it waits for its trainer to free a slot and retries at its next poll. No event per
+poll either way. A worker whose session ends mid-lease crashes there: its lease stays open in the trainer's LeaseBook until it expires
 and its prompts are handed out again.
 """
 
@@ -30,6 +33,7 @@ if TYPE_CHECKING:
     from swarmrl.simulations.validator import Validators
 
 JOB_POLL_S = 1.0   # worker config poll_s: how often a worker looks for jobs
+HEAD_WAIT_MAX_S = 30.0   # what-if job.ask_at_head: the longest a worker waits to hold the head before asking
 
 
 class WorkerWorld(Protocol):
@@ -47,6 +51,13 @@ class WorkerWorld(Protocol):
     done: bool
     waiting: list[int]
     slot_freed: list[simpy.Event]
+    published: simpy.Event   # fires at the next version's publication (then replaced)
+
+    def wait_for_capacity(self, rank: int) -> simpy.Event:
+        """Fires when trainer `rank` has capacity for one more lease (lease_rule "capacity")."""
+
+    def stop_waiting(self, rank: int, ev: simpy.Event) -> None:
+        """A worker stops waiting on `ev` of `wait_for_capacity(rank)` (its session ended)."""
 
     def join(self, w: Worker) -> None:
         """The worker joins the swarm (and the delta gossip)."""
@@ -56,6 +67,74 @@ class WorkerWorld(Protocol):
 
     def reassign(self, w: Worker) -> None:
         """Move the worker to a live trainer (its own was lost)."""
+
+
+BUSY_SKIP_S, BUSY_SKIP_MAX_S = 1.0, 60.0
+"""The product worker's skip of a trainer that refused as busy (`node/worker/market.py`; the
+simulator imports no node code): `max(retry hint, BUSY_SKIP_S) * 2 ** (k - 1)` seconds, at most
+BUSY_SKIP_MAX_S, k its refusals in a row, reset by a granted lease; it ends early, never before
+`max(retry hint, BUSY_SKIP_S)`, once the trainer announces a newer head version (it stepped)."""
+
+
+def busy_skip_s(refusals: int) -> float:
+    """How long a trainer is skipped after `refusals` (>= 1) busy refusals in a row."""
+    return float(min(BUSY_SKIP_MAX_S, max(BUSY_RETRY_MS / 1000, BUSY_SKIP_S) * 2.0 ** (refusals - 1)))
+
+
+def skip_ends_s(w: Worker, rank: int, version: int) -> float:
+    """When `w`'s busy skip of trainer `rank` ends (0.0: not skipped), the head being `version`:
+    at its end, or at its earliest early end once the trainer has stepped since the refusal."""
+    until, earliest, head = w.skips.get(rank, (0.0, 0.0, 0))
+    return earliest if version > head else until
+
+
+def _busy(world: WorkerWorld, w: Worker, tr: SimTrainer) -> Generator[simpy.Event, Any, None]:
+    """`tr` refused `w` as busy. Under the lease rule "pending" (the rule before): wait for a slot.
+    Under "capacity", as the product's worker (`JobMarket.refused_busy`, `skipped`): skip `tr`
+    (`busy_skip_s`, `skip_ends_s`); go at once to a live trainer not skipped that has capacity;
+    else wait until one not skipped has capacity (its record says so), or a skip may end."""
+    if world.sc.job.lease_rule != "capacity":
+        world.waiting[tr.rank] += 1
+        yield world.slot_freed[tr.rank]
+        world.waiting[tr.rank] -= 1
+        yield world.env.timeout(world.rng.uniform(0, BUSY_RETRY_MS / 1000))
+        return
+    env = world.env
+    k = w.refusals[tr.rank] = w.refusals.get(tr.rank, 0) + 1
+    base = max(BUSY_RETRY_MS / 1000, BUSY_SKIP_S)
+    w.skips[tr.rank] = (env.now + busy_skip_s(k), env.now + base, world.version)
+    while env.now < w.leaves_s:
+        alive = [t for t in world.trainers if t.alive]
+        open_ = [t for t in alive if skip_ends_s(w, t.rank, world.version) <= env.now]
+        ready = [t for t in open_ if t.capacity() > 0]
+        if ready or not alive:
+            w.trainer = ready[world.rng.randrange(len(ready))].rank if ready else w.trainer
+            return
+        if not open_:   # every trainer skipped: look again when the first skip ends or a step is published
+            ends = min(skip_ends_s(w, t.rank, world.version) for t in alive)
+            yield env.timeout(ends - env.now) | world.published
+            continue
+        t = open_[world.rng.randrange(len(open_))]
+        ev = world.wait_for_capacity(t.rank)
+        yield ev | env.timeout(max(0.0, min(w.leaves_s, env.now + BUSY_SKIP_MAX_S) - env.now))
+        if not ev.triggered:   # the session ended (else it would linger as a holder), or a long quiet
+            world.stop_waiting(t.rank, ev)
+            continue
+        yield env.timeout(world.rng.uniform(0, JOB_POLL_S))   # its next poll reads the record
+        w.trainer = t.rank
+        return
+
+
+def _await_head(world: WorkerWorld, w: Worker) -> Generator[simpy.Event, Any, None]:
+    """What-if `job.ask_at_head`: wait (polling every JOB_POLL_S) until `w` holds the head version,
+    at most HEAD_WAIT_MAX_S or until its session ends."""
+    env = world.env
+    until = min(env.now + HEAD_WAIT_MAX_S, w.leaves_s)
+    while env.now < until:
+        held = world.gossip.held_at(w, world.version)
+        if held <= env.now:
+            return
+        yield env.timeout(min(held, env.now + JOB_POLL_S, until) - env.now)
 
 
 def worker_life(world: WorkerWorld, w: Worker) -> Generator[simpy.Event, Any, None]:
@@ -72,16 +151,16 @@ def worker_life(world: WorkerWorld, w: Worker) -> Generator[simpy.Event, Any, No
             yield env.timeout(world.sc.trainers.reconnect_s)
             world.reassign(w)
             continue
+        if world.sc.job.ask_at_head:
+            yield from _await_head(world, w)
         status, lease = tr.request_lease(w, env.now, world.version, world.done)
         if status in (adm.BANNED, "job_done"):
             break
         if status == "busy":
-            world.waiting[tr.rank] += 1
-            yield world.slot_freed[tr.rank]
-            world.waiting[tr.rank] -= 1
-            yield env.timeout(world.rng.uniform(0, BUSY_RETRY_MS / 1000))
+            yield from _busy(world, w, tr)
             continue
         assert lease is not None
+        w.refusals.pop(tr.rank, None)   # a granted lease resets its busy refusals (JobMarket.granted)
         n = len(lease.prompt_indices)
         gen_s = n * world.sc.job.group_size * world.profile.tokens_per_completion / w.tokens_per_s \
             + world.profile.round_overhead_s

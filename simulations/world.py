@@ -52,6 +52,8 @@ class World:
         self.live: dict[int, Worker] = {}
         self.waiting = [0] * n
         self.slot_freed = [self.env.event() for _ in range(n)]
+        self.queued: list[list[simpy.Event]] = [[] for _ in range(n)]   # lease_rule "capacity": busy workers
+        self.published = self.env.event()   # fires at the next version's publication (busy skips end early)
         for _ in range(sc.workers):
             self.spawn()
         self.env.process(self._arrivals())
@@ -159,17 +161,48 @@ class World:
             if t.alive:
                 t.drop_stale(self.version)
         self.gossip.publish(self.version, self.env.now, list(self.live.values()))
+        ev, self.published = self.published, self.env.event()
+        ev.succeed()
         if self.sc.job.steps and self.version >= self.sc.job.steps:
             self.done = True
         self._wake_waiters()
 
+    def wait_for_capacity(self, rank: int) -> simpy.Event:
+        """lease_rule "capacity": an event that fires when trainer `rank` has capacity again
+        (`_wake_waiters`: its record would announce it)."""
+        ev = self.env.event()
+        self.queued[rank].append(ev)
+        return ev
+
+    def stop_waiting(self, rank: int, ev: simpy.Event) -> None:
+        """Take `ev` (of `wait_for_capacity(rank)`, not fired) out of the queue."""
+        self.queued[rank].remove(ev)
+
     def _wake_waiters(self) -> None:
         for t in self.trainers:
+            if self.sc.job.lease_rule == "capacity":
+                self._wake_some(t)
+                continue
             if self.waiting[t.rank] and t.alive and self.sc.job.backlog_counts_open:
                 t.expire(int(self.env.now * 1000))   # an expired lease frees a slot under the open-lease rule
             if self.waiting[t.rank] and (not t.alive or self.done or not t.busy()):
                 ev, self.slot_freed[t.rank] = self.slot_freed[t.rank], self.env.event()
                 ev.succeed()
+
+    def _wake_some(self, t: SimTrainer) -> None:
+        """Wake every worker waiting for `t` once it has capacity (or is dead, or the job is
+        done): the product's workers whose busy skip of `t` has ended read the capacity in its
+        record and ask (those refused again skip it for longer: `worker.busy_skip_s`)."""
+        queue = self.queued[t.rank]
+        if not queue:
+            return
+        if t.alive and not self.done:
+            t.expire(int(self.env.now * 1000))   # an expired lease frees its prompts' share of the promise
+            if t.capacity() == 0:
+                return
+        self.queued[t.rank] = []
+        for ev in queue:
+            ev.succeed()
 
     def _lose_trainer(self) -> None:
         t = self.trainers[-1]   # trainer_source knows it is this one
@@ -189,7 +222,7 @@ class World:
         """One timeline row now: time (s), version, live workers, `ingest` rate and the counters."""
         m = self.metrics
         return {"t_s": round(self.env.now, 1), "version": self.version, "live_workers": len(self.live),
-                "waiting_workers": sum(self.waiting), "pending_groups": sum(len(t.pending) for t in self.trainers),
+                "waiting_workers": sum(self.waiting) + sum(map(len, self.queued)), "pending_groups": sum(len(t.pending) for t in self.trainers),
                 "groups_admitted": m.counts["groups_admitted"], "groups_wasted": sum(m.wasted.values()),
                 "cheaters_banned": sum(1 for w in self.workers if w.cheater and w.banned_s <= self.env.now),
                 "trainer_upload_bytes": self.gossip.trainer_bytes, "peer_upload_bytes": self.gossip.peer_bytes,

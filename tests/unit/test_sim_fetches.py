@@ -198,7 +198,8 @@ def test_backlog_full_counts_pending_groups_and_open_prompts():
 
 
 def test_the_simulated_trainer_refuses_leases_once_open_ones_fill_the_backlog():
-    job = JobShape(batch_groups=8, prompts_per_lease=4, backlog_counts_open=True, backlog_batches=2)
+    job = JobShape(batch_groups=8, prompts_per_lease=4, lease_rule="pending", backlog_counts_open=True,
+                   backlog_batches=2)
     t = SimTrainer(0, 1, job, Uplink("na", 1e9), Metrics(), 0.0)
     got = [t.request_lease(worker(i), 0.0, 0, False)[0] for i in range(6)]
     assert got == ["lease"] * 4 + ["busy"] * 2                 # 4 leases x 4 prompts = 2 batches of 8
