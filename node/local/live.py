@@ -96,12 +96,12 @@ def follow(swarm: LocalSwarm, endpoint: str, job_id: str, spec: JobSpec, timeout
         swarm.check_alive(watch or ["bootstrap", "trainer", "validator"])
         try:
             st = job_status(endpoint, job_id, history=1)
-        except grpc.RpcError as exc:   # a busy trainer on a loaded machine: ask again (its death
+        except grpc.RpcError as exc:   # a busy trainer on a loaded machine (transient): ask again;
             transient = exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
-            failed = 0 if transient else failed + 1   # is check_alive's to report)
+            failed = 0 if transient else failed + 1   # its death is check_alive's to report
             if failed > STATUS_ERRORS_IN_A_ROW:
                 raise SwarmFailed(f"the trainer's status failed {failed} times in a row: {exc.code().name}: "
-                                  f"{exc.details()} (its log: run/logs/trainer.log)") from exc
+                                  f"{exc.details()}") from exc
             live.console.print(f"[yellow]status:[/] {exc.code().name}"
                                f"{'' if transient else ': ' + str(exc.details())}; asking again")
             if time.monotonic() > deadline:
