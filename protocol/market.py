@@ -37,6 +37,24 @@ from dataclasses import dataclass
 MAX_WEIGHT = 100.0
 """The protocol's bound on a job's weight (`JobSpec.weight`); a trainer caps it lower by policy."""
 SWITCH_MARGIN = 0.2   # a kept job is left only for one served at most 80% as well per unit of weight
+BUSY_SKIP_S = 1.0        # the shortest skip of a trainer that broke a promise (its retry hint if longer)
+BUSY_SKIP_MAX_S = 60.0   # the longest
+
+
+def busy_skip(retry_after_s: float, refusals: int) -> tuple[float, float]:
+    """(skip, base), seconds: how long a worker skips a trainer that announced capacity and then
+    refused `refusals` (>= 1) leases in a row as busy, `min(BUSY_SKIP_MAX_S, base * 2 ** (refusals - 1))`
+    with `base = max(retry_after_s, BUSY_SKIP_S)`, and the base, before which the skip never ends
+    early (`skip_ends`). A granted lease resets `refusals` (the caller counts them)."""
+    base = max(retry_after_s, BUSY_SKIP_S)
+    return min(BUSY_SKIP_MAX_S, base * 2.0 ** (refusals - 1)), base
+
+
+def skip_ends(until: float, earliest: float, head_when_refused: int, head_now: int) -> float:
+    """When a busy skip ends, on the clock of `until` (skip end) and `earliest` (refusal + base):
+    at `until`, or sooner, never before `earliest`, once the trainer announces a newer head version
+    than when it refused (it stepped, so its capacity is fresh)."""
+    return min(until, earliest) if head_now > head_when_refused else until
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from swarmrl.protocol import admission as adm
 from swarmrl.protocol.leases import BUSY_RETRY_MS
+from swarmrl.protocol.market import BUSY_SKIP_MAX_S, busy_skip, skip_ends
 from swarmrl.simulations.gossip import GIVE_UP_S
 from swarmrl.simulations.network import send_s
 from swarmrl.simulations.population import Worker
@@ -69,23 +70,17 @@ class WorkerWorld(Protocol):
         """Move the worker to a live trainer (its own was lost)."""
 
 
-BUSY_SKIP_S, BUSY_SKIP_MAX_S = 1.0, 60.0
-"""The product worker's skip of a trainer that refused as busy (`node/worker/market.py`; the
-simulator imports no node code): `max(retry hint, BUSY_SKIP_S) * 2 ** (k - 1)` seconds, at most
-BUSY_SKIP_MAX_S, k its refusals in a row, reset by a granted lease; it ends early, never before
-`max(retry hint, BUSY_SKIP_S)`, once the trainer announces a newer head version (it stepped)."""
-
-
 def busy_skip_s(refusals: int) -> float:
-    """How long a trainer is skipped after `refusals` (>= 1) busy refusals in a row."""
-    return float(min(BUSY_SKIP_MAX_S, max(BUSY_RETRY_MS / 1000, BUSY_SKIP_S) * 2.0 ** (refusals - 1)))
+    """How long a trainer is skipped after `refusals` (>= 1) busy refusals in a row: the product
+    worker's rule (`protocol.market.busy_skip`) with the trainer's fixed retry hint."""
+    return busy_skip(BUSY_RETRY_MS / 1000, refusals)[0]
 
 
 def skip_ends_s(w: Worker, rank: int, version: int) -> float:
-    """When `w`'s busy skip of trainer `rank` ends (0.0: not skipped), the head being `version`:
-    at its end, or at its earliest early end once the trainer has stepped since the refusal."""
+    """When `w`'s busy skip of trainer `rank` ends (0.0: not skipped), the head being `version`
+    (`protocol.market.skip_ends`)."""
     until, earliest, head = w.skips.get(rank, (0.0, 0.0, 0))
-    return earliest if version > head else until
+    return skip_ends(until, earliest, head, version)
 
 
 def _busy(world: WorkerWorld, w: Worker, tr: SimTrainer) -> Generator[simpy.Event, Any, None]:
@@ -101,8 +96,8 @@ def _busy(world: WorkerWorld, w: Worker, tr: SimTrainer) -> Generator[simpy.Even
         return
     env = world.env
     k = w.refusals[tr.rank] = w.refusals.get(tr.rank, 0) + 1
-    base = max(BUSY_RETRY_MS / 1000, BUSY_SKIP_S)
-    w.skips[tr.rank] = (env.now + busy_skip_s(k), env.now + base, world.version)
+    skip, base = busy_skip(BUSY_RETRY_MS / 1000, k)
+    w.skips[tr.rank] = (env.now + skip, env.now + base, world.version)
     while env.now < w.leaves_s:
         alive = [t for t in world.trainers if t.alive]
         open_ = [t for t in alive if skip_ends_s(w, t.rank, world.version) <= env.now]

@@ -11,8 +11,8 @@ and which trainers it skips for a while after they refused a lease they had anno
   and a trainer that keeps refusing is asked less and less often, never in a loop. The skip
   ends early, though never before `max(retry hint, BUSY_SKIP_S)`, once the trainer announces a
   newer head version: it stepped, so its pending groups went into a version and its capacity
-  is fresh. An honest trainer that is busy because it is the bottleneck is asked again after
-  each step (as often as before the market: a `busy` cost a worker a 1 s wait), and a trainer
+  is fresh (the rule: `protocol.market.busy_skip`, `skip_ends`). An honest trainer that is
+  busy because it is the bottleneck is asked again after each step (as often as before the market: a `busy` cost a worker a 1 s wait), and a trainer
   that only re-announces its claim gets the back-off. Measured on `swarmrl up` (tiny, 4 workers,
   8 steps, one run each on a loaded machine): without the early end, steps 1 -> 8 took 7.1 s
   (3.9-4.3 s with it, 3.8-6.5 s on main), workers waiting up to 4 s behind a trainer that stepped
@@ -31,11 +31,9 @@ from collections.abc import Callable, Mapping
 from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.protocol.demand import check_demand
 from swarmrl.protocol.jobspec import JobSpec
-from swarmrl.protocol.market import MAX_WEIGHT, Offer, choose_job
+from swarmrl.protocol.market import MAX_WEIGHT, Offer, busy_skip, choose_job, skip_ends
 
 log = logging.getLogger(__name__)
-BUSY_SKIP_S = 1.0        # the shortest skip after a broken promise (the trainer's retry hint if longer)
-BUSY_SKIP_MAX_S = 60.0   # the longest
 
 
 class JobMarket:
@@ -82,9 +80,7 @@ class JobMarket:
         """Whether the record's trainer is skipped for its job now: it broke a promise lately, and
         has not announced a newer head version since (or did so within the base skip)."""
         until, earliest, head = self._skip.get((rec.record.job_id, rec.trainer_id), (0.0, 0.0, 0))
-        now = self.clock()
-        stepped = int(rec.record.head_version) > head and now >= earliest
-        return until > now and not stepped
+        return skip_ends(until, earliest, head, int(rec.record.head_version)) > self.clock()
 
     def pick(self, live: Mapping[str, VerifiedRecord]) -> str | None:
         """The job to serve next among `live` (job id -> the record followed), skipping trainers
@@ -104,8 +100,7 @@ class JobMarket:
         key = (rec.record.job_id, rec.trainer_id)
         k = self._broken.get(key, 0) + 1
         self._broken[key] = k
-        base = max(retry_after_ms / 1000, BUSY_SKIP_S)
-        skip = min(BUSY_SKIP_MAX_S, base * 2.0 ** (k - 1))
+        skip, base = busy_skip(retry_after_ms / 1000, k)
         now = self.clock()
         self._skip[key] = (now + skip, now + base, int(rec.record.head_version))
         if self.current == rec.record.job_id:

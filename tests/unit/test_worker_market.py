@@ -127,7 +127,8 @@ def test_records_with_bad_demand_are_ignored_with_a_reason(swarm, caplog) -> Non
 
 
 def test_busy_skips_back_off_to_a_cap_and_a_granted_lease_resets_them() -> None:
-    from swarmrl.node.worker.market import BUSY_SKIP_MAX_S, JobMarket
+    from swarmrl.node.worker.market import JobMarket
+    from swarmrl.protocol.market import BUSY_SKIP_MAX_S
 
     clock = Clock()
     market = JobMarket(clock=clock)
