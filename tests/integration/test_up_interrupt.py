@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,10 +36,10 @@ def _step_shown(text: str) -> int:
     return max((int(m) for m in STEP_LINE.findall(text)), default=-1)
 
 
-@pytest.mark.parametrize(("sig", "times"), [(signal.SIGTERM, 1), (signal.SIGINT, 2)], ids=["sigterm", "ctrl-c-twice"])
-def test_an_interrupt_keeps_the_adapter_metrics_and_summary(tmp_path, model_cache, sig, times) -> None:
-    """SIGTERM once, or Ctrl-C twice (the second while up stops the roles: it must not cut the saving short)."""
-    out, log = tmp_path / "up", tmp_path / "up.log"
+@contextlib.contextmanager
+def _up_at_step_2(out: Path, log: Path, model_cache: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A real `up --model tiny` of TOTAL steps (output into `log`), yielded once its output shows
+    step 2; killed on the way out if still running."""
     with open(log, "wb") as f:
         up = subprocess.Popen([sys.executable, "-m", "swarmrl.node.cli.main", "up", "--model", "tiny", "--steps",
                                str(TOTAL), "--workers", "2", "--out", str(out), "--cache-dir", str(model_cache),
@@ -48,16 +49,24 @@ def test_an_interrupt_keeps_the_adapter_metrics_and_summary(tmp_path, model_cach
         while _step_shown(log.read_text(errors="replace")) < 2:
             assert up.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
+        yield up
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+
+
+@pytest.mark.parametrize(("sig", "times"), [(signal.SIGTERM, 1), (signal.SIGINT, 2)], ids=["sigterm", "ctrl-c-twice"])
+def test_an_interrupt_keeps_the_adapter_metrics_and_summary(tmp_path, model_cache, sig, times) -> None:
+    """SIGTERM once, or Ctrl-C twice (the second while up stops the roles: it must not cut the saving short)."""
+    out, log = tmp_path / "up", tmp_path / "up.log"
+    with _up_at_step_2(out, log, model_cache) as up:
         t0 = time.monotonic()
         for i in range(times):
             time.sleep(0.5 * i)
             up.send_signal(sig)
         code = up.wait(STOP_S + SAVE_BOUND_S)
         seconds = time.monotonic() - t0
-    finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
     text = log.read_text(errors="replace")
     name = signal.Signals(sig).name
     print(f"up exited {code} {seconds:.1f}s after {name} x{times}; last line: {text.splitlines()[-1]}")
@@ -93,23 +102,11 @@ def test_a_failed_run_keeps_the_adapter_metrics_and_summary(tmp_path, model_cach
     """A role that dies mid-run (the validator, SIGKILL) fails the run in one line, exit 1, and the
     run keeps what it did as an interrupt does (summary.json: interrupted_by "failure")."""
     out, log = tmp_path / "up", tmp_path / "up.log"
-    with open(log, "wb") as f:
-        up = subprocess.Popen([sys.executable, "-m", "swarmrl.node.cli.main", "up", "--model", "tiny", "--steps",
-                               str(TOTAL), "--workers", "2", "--out", str(out), "--cache-dir", str(model_cache),
-                               "--no-eval"], stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 600
-        while _step_shown(log.read_text(errors="replace")) < 2:
-            assert up.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.2)
+    with _up_at_step_2(out, log, model_cache) as up:
         validator = _role_pid(up.pid, "validator")
         assert validator is not None
         os.kill(validator, signal.SIGKILL)
         code = up.wait(STOP_S + SAVE_BOUND_S + 30)
-    finally:
-        if up.poll() is None:
-            up.kill()
-            up.wait()
     text = log.read_text(errors="replace")
     assert code == 1 and "Traceback" not in text, text[-3000:]
     summary = json.loads((out / "summary.json").read_text())
