@@ -120,20 +120,23 @@ def _run_up(opts: UpOptions, run: RunSoFar) -> dict[str, Any]:
             return _drive(swarm, spec, opts, work, dataset, run)
         except (KeyboardInterrupt, Signalled) as exc:
             signum = signal_of(exc)
-            with saving():   # a second signal can't cut this short
-                warm_plotting()
-                swarm.stop_all()
-                run.kept = keep_what_it_did(run, signal.Signals(signum).name)
+            _stop_and_keep(swarm, run, signal.Signals(signum).name)
             raise UpInterrupted(128 + signum, interrupted_line(signum, run)) from None
         except SwarmFailed as exc:   # a role died, a timeout: keep what the run did, as an interrupt does
-            with saving():
-                warm_plotting()
-                swarm.stop_all()
-                run.kept = keep_what_it_did(run, "failure")
+            _stop_and_keep(swarm, run, "failure")
             first, _, rest = str(exc).partition("\n")   # the first line is the one a person sees
             raise SwarmFailed(f"{first.rstrip(':')}; {failed_line(run)}\n{rest}") from exc
         finally:
             swarm.stop_all()
+
+
+def _stop_and_keep(swarm: LocalSwarm, run: RunSoFar, by: str) -> None:
+    """Stop the roles and keep what the run did (`keep_what_it_did`; `by`: the signal's name, or
+    "failure"); a second signal can't cut this short."""
+    with saving():
+        warm_plotting()
+        swarm.stop_all()
+        run.kept = keep_what_it_did(run, by)
 
 
 def _raise_signalled(signum: int, _frame: FrameType | None) -> None:
