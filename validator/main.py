@@ -30,7 +30,7 @@ def run(cfg: ValidatorConfig) -> None:
     log.info("validator %s started", identity.peer_id)
     try:
         while not stop.is_set():
-            if not service.poll(find_jobs(dht)):
+            if not service.poll(find_jobs(dht), stop):
                 stop.wait(cfg.poll_s)
     finally:
         if ops is not None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -193,17 +194,23 @@ class ValidatorService:
 
     # ---- rounds
 
-    def poll(self, records: list[VerifiedRecord]) -> int:
-        """One round over every job in `records`; returns the number of verdicts sent."""
+    def poll(self, records: list[VerifiedRecord], stop: threading.Event | None = None) -> int:
+        """One round over every job in `records`; returns the number of verdicts sent.
+
+        With `stop` set (SIGTERM), the round ends after the batch being judged: each judged batch's
+        verdicts are sent and its cursor stored before the next one, so nothing is lost and a
+        round of many batches (seconds each at a load of 8) can't outlast the shutdown grace."""
         sent = 0
         for rec in records:
+            if stop is not None and stop.is_set():
+                break
             key = (rec.record.job_id, rec.trainer_id)
             validator = None if key in self.unusable else self.validator_for(rec.record)
             watch = self.watch(rec) if validator is not None else None
             if watch is None or validator is None:
                 continue
             try:
-                n, caught_up = self.round(watch, validator)
+                n, caught_up = self.round(watch, validator, stop)
             except grpc.RpcError as exc:
                 log.warning("job %s: trainer %s unreachable (%s)", watch.job_id[:12], rec.record.endpoint, exc.code())
                 continue
@@ -236,8 +243,9 @@ class ValidatorService:
         self.watches[key] = watch
         return watch
 
-    def round(self, watch: JobWatch, validator: Validator) -> tuple[int, bool]:
-        """Judge the next admitted batches of one job. Returns (verdicts sent, caught up)."""
+    def round(self, watch: JobWatch, validator: Validator, stop: threading.Event | None = None) -> tuple[int, bool]:
+        """Judge the next admitted batches of one job, ending early once `stop` is set.
+        Returns (verdicts sent, caught up)."""
         if watch.env is not None:
             validator.add_env(watch.spec, watch.env)
         batches = watch.sample(self.seen.cursor(watch.job_id, watch.trainer_id))
@@ -246,6 +254,8 @@ class ValidatorService:
         head = watch.head_version()
         sent = 0
         for admitted in batches:
+            if stop is not None and stop.is_set():
+                return sent, False
             verdicts = validator.validate_batch(admitted, watch.spec, job_id=watch.job_id, head_version=head,
                                                 adapters=watch.adapters)
             self.stats.groups[watch.job_id] += len(admitted.admitted_prompt_indices)

@@ -11,10 +11,12 @@ Legend: G = completions per group.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -279,6 +281,7 @@ class FakeTrainer(pb_grpc.TrainerServicer):
     def __init__(self, batches: list[pb.AdmittedBatch], store: AdapterStore, head: int) -> None:
         self.batches, self.store, self.head = batches, store, head
         self.reports: list[tuple[pb.VerdictReport, str]] = []
+        self.on_report: Callable[[], None] = lambda: None   # called as each report arrives
 
     def SampleAdmitted(self, request: pb.SampleRequest, context: grpc.ServicerContext) -> Iterator[pb.AdmittedBatch]:
         yield from [b for b in self.batches if b.seq > request.after_seq][: request.max_batches]
@@ -295,11 +298,15 @@ class FakeTrainer(pb_grpc.TrainerServicer):
     def ReportVerdicts(self, request: pb.Signed, context: grpc.ServicerContext) -> pb.VerdictAck:
         report, signer = signing.open_signed(request, signing.VERDICTS, pb.VerdictReport)
         self.reports.append((report, signer))
+        self.on_report()
         return pb.VerdictAck(accepted=len(report.verdicts),
                              banned=sorted({v.peer_id for v in report.verdicts if not v.passed}))
 
 
-def test_service_round_reports_signed_verdicts_and_advances(world: World, tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _service_and_trainer(world: World, tmp_path: Path) -> Iterator[tuple[ValidatorService, FakeTrainer, list, str]]:
+    """A validator service following a fake trainer that holds two admitted batches (seq 1: Alice's
+    honest group; seq 2: Bob's copy of it, a duplicate) at head v1."""
     trainer = Identity.from_seed(b"t" * 32)
     # lossless: the world's rollouts were sampled with v1 itself, not a quantised v1
     store = AdapterStore(tmp_path / "adapters", JOB, trainer, codec="float32")
@@ -314,8 +321,7 @@ def test_service_round_reports_signed_verdicts_and_advances(world: World, tmp_pa
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     cfg = ValidatorConfig(key=tmp_path / "validator.key", state_dir=tmp_path / "state", cache_dir=tmp_path / "models")
-    me = Identity.load_or_create(cfg.key)
-    service = ValidatorService(cfg, me)
+    service = ValidatorService(cfg, Identity.load_or_create(cfg.key))
     try:
         service.validators[world.spec.base_model_sha256] = Validator(
             world.backend, seen=service.seen, reputation=service.reputation, sampling_key=service.sampling_key,
@@ -323,14 +329,32 @@ def test_service_round_reports_signed_verdicts_and_advances(world: World, tmp_pa
         record = pb.JobRecord(job_id=JOB, trainer_id=trainer.peer_id, endpoint=f"127.0.0.1:{port}", base_model="tiny",
                               base_model_sha256=bytes.fromhex(world.spec.base_model_sha256), head_version=1,
                               spec_json=world.spec.canonical_json(), trainer_public_key=trainer.public_key)
-        found = [VerifiedRecord(record, trainer.peer_id, trainer.public_key)]
-        assert service.poll(found) == 2
-        assert [signer for _, signer in fake.reports] == [me.peer_id, me.peer_id]
-        got = [(v.peer_id, v.passed, v.check) for report, _ in fake.reports for v in report.verdicts]
-        assert got == [(ALICE.peer_id, True, ALL), (BOB.peer_id, False, DUPLICATE)]
-        assert service.seen.cursor(JOB, trainer.peer_id) == 2
-        assert service.poll(found) == 0 and len(fake.reports) == 2
+        yield service, fake, [VerifiedRecord(record, trainer.peer_id, trainer.public_key)], trainer.peer_id
     finally:
         service.validators.clear()  # the pool belongs to the module fixture
         service.close()
         server.stop(None)
+
+
+def test_service_round_reports_signed_verdicts_and_advances(world: World, tmp_path: Path) -> None:
+    with _service_and_trainer(world, tmp_path) as (service, fake, found, trainer_id):
+        assert service.poll(found) == 2
+        assert [signer for _, signer in fake.reports] == [service.identity.peer_id] * 2
+        got = [(v.peer_id, v.passed, v.check) for report, _ in fake.reports for v in report.verdicts]
+        assert got == [(ALICE.peer_id, True, ALL), (BOB.peer_id, False, DUPLICATE)]
+        assert service.seen.cursor(JOB, trainer_id) == 2
+        assert service.poll(found) == 0 and len(fake.reports) == 2
+
+
+def test_a_stop_ends_the_round_after_the_batch_being_judged_and_loses_nothing(world: World, tmp_path: Path) -> None:
+    """SIGTERM mid-round (the role's stop event): the batch being judged is reported and its cursor
+    stored, the next one waits for the next start (a round of many batches must not outlast the
+    shutdown grace at a load of 8)."""
+    stop = threading.Event()
+    with _service_and_trainer(world, tmp_path) as (service, fake, found, trainer_id):
+        fake.on_report = stop.set   # SIGTERM arrives while the first batch's verdicts are on the wire
+        assert service.poll(found, stop) == 1
+        assert [v.peer_id for r, _ in fake.reports for v in r.verdicts] == [ALICE.peer_id]
+        assert service.seen.cursor(JOB, trainer_id) == 1
+        assert service.poll(found, stop) == 0                 # stopped: nothing more is judged
+        assert service.poll(found) == 1 and service.seen.cursor(JOB, trainer_id) == 2   # the rest, next time
