@@ -53,6 +53,7 @@ class SimTrainer:
         self.probation_s = probation_s
         self._expired_ms = -math.inf
         self.now_s = 0.0
+        self.training = 0   # groups of the step in progress: pending in the product's ledger until published
 
     # ---- leases
     def request_lease(self, w: Worker, now_s: float, version: int, done: bool) -> tuple[str, pb.Lease | None]:
@@ -79,7 +80,9 @@ class SimTrainer:
         rule before it, `leases.backlog_full`: a whole lease until the pending groups (plus, under
         the what-if `backlog_counts_open`, open leases' prompts) fill `backlog_batches` batches."""
         if self.job.lease_rule == "capacity":
-            return open_capacity(self.spec, len(self.pending), self.book.open_prompts())
+            # The product's ledger marks a batch trained only after its version is published
+            # (JobRuntime.train_step), so the step in progress still counts against the promise.
+            return open_capacity(self.spec, len(self.pending) + self.training, self.book.open_prompts())
         open_prompts = self.book.open_prompts() if self.job.backlog_counts_open else 0
         full = backlog_full(len(self.pending), self.job.batch_groups, open_prompts=open_prompts,
                             batches=self.job.backlog_batches)
@@ -175,10 +178,17 @@ class SimTrainer:
 
     def take_batch(self, now_s: float) -> list[Pending]:
         """Take the next batch (the oldest `batch_groups` trainable groups, or none short of a
-        full batch) off the pending pool."""
+        full batch) off the pending pool; they count as `training` until `published`."""
         if not self.has_batch(now_s):
             return []
-        return self.pending.take(self.job.batch_groups, now_s)
+        batch = self.pending.take(self.job.batch_groups, now_s)
+        self.training += len(batch)
+        return batch
+
+    def published(self) -> None:
+        """The step in progress published its version: its groups are trained (they stop
+        counting against the promise, as the ledger marks them "trained" then)."""
+        self.training = 0
 
     def die(self) -> int:
         """The trainer is gone: its pending groups and open leases are lost; returns the groups."""

@@ -158,6 +158,7 @@ class World:
         self.version += 1
         self.metrics.steps.append((self.env.now, self.version, trained))
         for t in self.trainers:
+            t.published()
             if t.alive:
                 t.drop_stale(self.version)
         self.gossip.publish(self.version, self.env.now, list(self.live.values()))

@@ -48,6 +48,10 @@ def test_the_trainer_leases_no_more_than_its_open_capacity():
     for _, other in got[1:2]:
         assert other is not None and len(t.submit(worker(1), other, 6.0, 0)) == 4
     assert len(t.take_batch(7.0)) == 8
+    # the step in progress still counts against the promise (the product's ledger marks its
+    # groups trained only once the version is published), so nothing frees until then
+    assert t.training == 8 and t.capacity() == 0
+    t.published()
     assert t.capacity() == open_capacity(t.spec, len(t.pending), t.book.open_prompts()) == 8
     assert t.m.counts["busy_refusals"] == 1
 
