@@ -33,6 +33,7 @@ def _task_kind(value: Any) -> str:
     return "dataset"
 
 
+SyncMode = Literal["every_step", "diloco"]
 BatchGroups = Annotated[int, Field(ge=1, le=4096)]
 Environment = Annotated[Annotated[str, Tag("installed")] | Annotated[DatasetTask, Tag("dataset")]
                         | Annotated[ReasoningGymTask, Tag("reasoning_gym")], Discriminator(_task_kind)]
@@ -98,6 +99,13 @@ class JobSpec(_Frozen):
     weight: float = Field(1.0, gt=0.0, le=MAX_WEIGHT,
                           description="the job's share of the swarm when demand exceeds supply, relative to other "
                                       "jobs' (protocol/market.py); a trainer refuses one above its cap")
+    sync: SyncMode = Field("every_step", description="how the job's trainers agree: average gradients at every "
+                                                     "step, or DiLoCo outer steps every inner_steps (protocol/diloco.py)")
+    inner_steps: int = Field(8, ge=1, le=10_000, description="DiLoCo's H: a trainer's own steps between outer steps")
+    outer_learning_rate: float = Field(0.7, gt=0.0, le=10.0, description="the outer Nesterov SGD's learning rate")
+    outer_momentum: float = Field(0.9, ge=0.0, lt=1.0, description="the outer Nesterov SGD's momentum, in [0, 1)")
+    outer_timeout_s: float = Field(60.0, gt=0.0, le=3600.0,
+                                   description="how long an outer round waits for the job's other trainers")
 
     @model_validator(mode="after")
     def _check(self) -> JobSpec:
@@ -105,6 +113,12 @@ class JobSpec(_Frozen):
             raise ValueError("loss.loss_constant must be >= sampling.max_new_tokens")
         if self.batch_min > self.batch_max:
             raise ValueError(f"batch_groups [{self.batch_min}, {self.batch_max}]: min must be <= max")
+        stray = sorted(set(_DILOCO_FIELDS[1:]) & self.model_fields_set) if not self.diloco else []
+        if stray:
+            raise ValueError(f"{stray[0]} is a DiLoCo setting: it needs sync = \"diloco\"")
+        if self.sync == "diloco" and self.steps % self.inner_steps:
+            raise ValueError(f"steps ({self.steps}) must be a multiple of inner_steps ({self.inner_steps}) "
+                             "with sync = \"diloco\" (a job ends on an outer step)")
         return self
 
     @property
@@ -159,14 +173,35 @@ class JobSpec(_Frozen):
         """Whether prompts are rendered with the tokenizer's chat template."""
         return bool(not isinstance(self.environment, str) and self.environment.chat_template)
 
+    @property
+    def diloco(self) -> bool:
+        """Whether the job's trainers sync by DiLoCo outer steps (`sync = "diloco"`)."""
+        return self.sync == "diloco"
+
+    def sync_settings(self) -> dict[str, Any]:
+        """The settings cotrainers of one job must share: `sync`, and with DiLoCo its outer
+        optimizer (`inner_steps`, `outer_learning_rate`, `outer_momentum`)."""
+        if not self.diloco:
+            return {"sync": self.sync}
+        return {"sync": self.sync, "inner_steps": self.inner_steps, "outer_learning_rate": self.outer_learning_rate,
+                "outer_momentum": self.outer_momentum}
+
     def canonical_json(self) -> str:
-        """Sorted-key, compact JSON: the exact text that is signed and hashed."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """Sorted-key, compact JSON: the exact text that is signed and hashed. The sync fields
+        appear only for a DiLoCo job, so the ids of jobs that don't use it stay as they were."""
+        data = self.model_dump(mode="json")
+        if not self.diloco:
+            for key in _DILOCO_FIELDS:
+                data.pop(key)
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
         """Parse and validate (raises pydantic.ValidationError on bad input)."""
         return cls.model_validate_json(text)
+
+
+_DILOCO_FIELDS = ("sync", "inner_steps", "outer_learning_rate", "outer_momentum", "outer_timeout_s")
 
 
 def job_id_from_body(body: bytes) -> str:

@@ -70,7 +70,7 @@ class InMemoryAdapters(AdapterSource):
 
 
 class SnapshotCache:
-    """LRU of verified adapter states keyed by (job id, version), shared by a validator's jobs."""
+    """LRU of verified adapter states keyed by (job id and trainer, version), shared by a validator's jobs."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         if capacity < 1:
@@ -114,7 +114,8 @@ class TrainerAdapters(AdapterSource):
         Raises VersionUnavailable (the trainer has no such version), ad.AdapterError (the snapshot
         does not verify or is not the one asked for), grpc.RpcError (the trainer can't be reached).
         """
-        return self.cache.get(self.job_id, version, lambda: self._load(version))
+        # keyed by trainer too: a DiLoCo job's trainers publish different inner versions of one number
+        return self.cache.get(f"{self.job_id}@{self.trainer_id}", version, lambda: self._load(version))
 
     def _updates(self, req: pb.AdapterRequest) -> list[ReceivedUpdate]:
         try:

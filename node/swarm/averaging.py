@@ -100,6 +100,12 @@ class ExactAllReduceRunner(AllReduceRunner):
                                                    len(self.sender_peer_ids))
         self.excluded: set[PeerID] = set()
         self.failed_reducers: set[PeerID] = set()
+        self.bytes_sent = 0   # serialized AveragingData this member sent: its parts out, averaged parts back
+
+    async def _generate_input_for_peer(self, peer_index: int) -> AsyncIterator[averaging_pb2.AveragingData]:
+        async for msg in super()._generate_input_for_peer(peer_index):
+            self.bytes_sent += msg.ByteSize()
+            yield msg
 
     async def _accumulate_checked(self, sender: PeerID, sender_index: int, part_index: int,
                                   part: torch.Tensor, weight: float) -> torch.Tensor:
@@ -167,7 +173,9 @@ class ExactAllReduceRunner(AllReduceRunner):
                     break
                 data = await loop.run_in_executor(
                     None, functools.partial(serialize_torch_tensor, averaged, compression))
-                yield averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=data)
+                reply = averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=data)
+                self.bytes_sent += reply.ByteSize()
+                yield reply
         finally:
             if part_index != self.tensor_part_reducer.num_parts:
                 await self._ban_sender(sender)
@@ -192,7 +200,7 @@ class ExactAverager(hivemind.averaging.DecentralizedAverager):
                 runner = await self._run_exact(local_tensors, group_info, peer_fractions=fractions, **kwargs)
             return {"gathered": gathered, "excluded": sorted(p.to_base58() for p in runner.excluded),
                     "failed_reducers": sorted(p.to_base58() for p in runner.failed_reducers),
-                    "group_size": len(group_info.peer_ids)}
+                    "group_size": len(group_info.peer_ids), "bytes_sent": runner.bytes_sent}
         except BaseException as exc:
             if isinstance(exc, Exception):
                 log.debug("averaging round failed: %r", exc)
@@ -240,6 +248,7 @@ class RoundOutcome:
     excluded: list[str] = field(default_factory=list)
     gathered: dict[str, dict[str, Any]] = field(default_factory=dict)
     reason: str = ""
+    bytes_sent: int = 0                # tensor bytes this member put on the wire (protobuf-serialized parts)
 
 
 @dataclass
@@ -254,13 +263,15 @@ class GradientAveraging:
     """One job's gradient averager in a trainer (host side of an `ExactAverager` process).
 
     `template` gives the shapes (the LoRA parameters, in order). Rounds for version v use the
-    group key `swarmrl_avg_{job}.0b{v as 32 bits}`.
+    group key `swarmrl_{kind}_{job}.0b{v as 32 bits}` (kind "avg": per-step gradients; "outer":
+    DiLoCo's pseudo-gradients, `node.swarm.outer_round`).
     """
 
     def __init__(self, dht: hivemind.DHT, job_id: str, template: Sequence[torch.Tensor], *,
-                 matchmaking_s: float = 2.0, chunk_timeout_s: float = 30.0, allreduce_timeout_s: float = 60.0) -> None:
+                 matchmaking_s: float = 2.0, chunk_timeout_s: float = 30.0, allreduce_timeout_s: float = 60.0,
+                 kind: str = "avg") -> None:
         self.dht = dht
-        self.prefix = f"swarmrl_avg_{job_id}"
+        self.prefix = f"swarmrl_{kind}_{job_id}"
         self.matchmaking_s = matchmaking_s
         self.allreduce_timeout_s = allreduce_timeout_s
         tensors = [torch.zeros_like(t, dtype=torch.float32, device="cpu") for t in template] + [torch.zeros(1)]
@@ -319,16 +330,17 @@ class GradientAveraging:
             return RoundOutcome(False, reason=_reason(exc))
         if result is None:
             return RoundOutcome(False, reason="no_group")
+        sent = int(result.get("bytes_sent", 0))
         if result["failed_reducers"]:
             return RoundOutcome(False, group_size=result["group_size"], excluded=result["excluded"],
-                                gathered=result["gathered"], reason="failed_reducer")
+                                gathered=result["gathered"], reason="failed_reducer", bytes_sent=sent)
         with self.averager.get_tensors() as tensors:
             averaged = [t.detach().clone() for t in tensors]
         if not all(bool(torch.isfinite(t).all()) for t in averaged):
             return RoundOutcome(False, group_size=result["group_size"], excluded=result["excluded"],
-                                gathered=result["gathered"], reason="non_finite_result")
+                                gathered=result["gathered"], reason="non_finite_result", bytes_sent=sent)
         return RoundOutcome(True, averaged[:-1], bool(averaged[-1].item() > 0), result["group_size"],
-                            result["excluded"], result["gathered"])
+                            result["excluded"], result["gathered"], bytes_sent=sent)
 
     def set_state(self, provider: Callable[[], tuple[Any, Sequence[torch.Tensor]]], priority: float) -> None:
         """Share this trainer's state (`provider()` -> (metadata, tensors)) with peers that load it;

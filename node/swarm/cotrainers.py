@@ -20,10 +20,12 @@ overloaded or unreachable (`node.net.grpc_retry`).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import grpc
 
@@ -61,10 +63,15 @@ class Cotrainer:
 class Cotrainers:
     """The live cotrainers of one job, seen from one trainer (see the module docstring)."""
 
-    def __init__(self, job_id: str, my_id: str, allowed: set[str] | None = None) -> None:
+    def __init__(self, job_id: str, my_id: str, allowed: set[str] | None = None, *,
+                 sync: dict[str, Any] | None = None, inner_steps: int | None = None) -> None:
+        """sync: our job's sync settings (`JobSpec.sync_settings`; None: not checked);
+        inner_steps: DiLoCo's H, where versions that are multiples of it are the common ones."""
         self.job_id, self.my_id, self.allowed = job_id, my_id, allowed
+        self.sync, self.inner_steps = sync, inner_steps
         self._known: dict[str, Cotrainer] = {}
         self._unreachable: dict[str, float] = {}
+        self.refused: dict[str, str] = {}   # trainer id -> why its record was refused (sync settings)
 
     def update(self, records: list[VerifiedRecord]) -> None:
         """Replace the view with the job's records found in the DHT now."""
@@ -75,9 +82,29 @@ class Cotrainers:
                 continue
             if self.allowed is not None and r.trainer_id not in self.allowed:
                 continue
+            why = self._sync_mismatch(rec.spec_json)
+            if why:
+                if self.refused.get(r.trainer_id) != why:
+                    log.warning("job %s: cotrainer %s refused: %s", self.job_id[:12], r.trainer_id[:12], why)
+                self.refused[r.trainer_id] = why
+                continue
             known[r.trainer_id] = Cotrainer(r.trainer_id, r.trainer_public_key, rec.endpoint, int(rec.head_version),
                                             bytes(rec.head_hash), rec.done, bytes(rec.tls_cert_sha256))
         self._known = known
+
+    def _sync_mismatch(self, spec_json: str) -> str:
+        """Why a cotrainer's job spec can't train with ours ("" when its sync settings agree)."""
+        if self.sync is None:
+            return ""
+        try:
+            theirs = json.loads(spec_json) if spec_json else {}
+        except ValueError:
+            return "its record's spec is not JSON"
+        for key, mine in self.sync.items():
+            got = theirs.get(key, "every_step" if key == "sync" else None)
+            if got != mine:
+                return f"different sync settings: {key} = {got!r}, ours {mine!r}"
+        return ""
 
     def live(self) -> list[Cotrainer]:
         """The known cotrainers not marked unreachable right now, sorted by trainer id."""
@@ -97,11 +124,20 @@ class Cotrainers:
 
     def sync_target(self, version: int, head_hash: bytes) -> Cotrainer | None:
         """The cotrainer whose state to adopt now, if any: the furthest ahead, or at our version
-        with a different adapter, the smallest id below ours."""
-        ahead = [c for c in self.live() if c.head_version > version]
+        with a different adapter, the smallest id below ours. With DiLoCo only outer versions
+        count (inner ones are each trainer's own): one past our round's start is ahead (we
+        missed its round), and a split is one at our outer version."""
+        live = self.live()
+        if self.inner_steps is not None:
+            h = self.inner_steps
+            live = [c for c in live if c.head_version % h == 0]
+            if version % h:   # mid-round: only a finished later round is worth adopting
+                ahead = [c for c in live if c.head_version > version - version % h]
+                return min(ahead, key=lambda c: (-c.head_version, c.trainer_id)) if ahead else None
+        ahead = [c for c in live if c.head_version > version]
         if ahead:
             return min(ahead, key=lambda c: (-c.head_version, c.trainer_id))
-        split = [c for c in self.live() if c.head_version == version and c.head_hash != head_hash
+        split = [c for c in live if c.head_version == version and c.head_hash != head_hash
                  and c.head_hash and c.trainer_id < self.my_id]
         return min(split, key=lambda c: c.trainer_id) if split else None
 

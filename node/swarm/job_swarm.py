@@ -31,6 +31,7 @@ import torch
 from swarmrl.node.swarm.averaging import GradientAveraging
 from swarmrl.node.swarm.cotrainers import Cotrainers
 from swarmrl.node.swarm.dht import VerifiedRecord, find_jobs
+from swarmrl.node.swarm.outer_round import OuterRounds
 from swarmrl.node.swarm.trainer_state import SharedState, unpack
 from swarmrl.protocol.grpo.reduce import Reduced
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -43,11 +44,15 @@ class JobSwarm:
     """The cotrainers and the gradient averager of one job in one trainer (see module docstring)."""
 
     def __init__(self, dht: hivemind.DHT, my_id: str, job_id: str, *, allowed: set[str] | None = None,
-                 matchmaking_s: float = 2.0, timeout_s: float = 60.0) -> None:
+                 matchmaking_s: float = 2.0, timeout_s: float = 60.0, sync: dict[str, Any] | None = None,
+                 inner_steps: int | None = None) -> None:
+        """sync: the job's sync settings (`JobSpec.sync_settings`); a cotrainer whose record's
+        spec differs in them is refused. inner_steps: DiLoCo's H (None: per-step averaging)."""
         self.dht, self.my_id, self.job_id = dht, my_id, job_id
-        self.cotrainers = Cotrainers(job_id, my_id, allowed)
+        self.cotrainers = Cotrainers(job_id, my_id, allowed, sync=sync, inner_steps=inner_steps)
         self.matchmaking_s, self.timeout_s = matchmaking_s, timeout_s
         self.averaging: GradientAveraging | None = None
+        self.outer: OuterRounds | None = None
         self.counters: Counter[str] = Counter()
         self._last_sync = 0.0
 
@@ -70,6 +75,13 @@ class JobSwarm:
             log.info("job %s: averaging gradients with %s", self.job_id[:12],
                      [c.trainer_id[:12] for c in self.cotrainers.live()])
         self.averaging.set_state(provider, priority)
+
+    def outer_rounds(self, params: Sequence[torch.Tensor], timeout_s: float) -> OuterRounds:
+        """DiLoCo's outer rounds of this job (started the first time; `node.swarm.outer_round`)."""
+        if self.outer is None:
+            self.outer = OuterRounds(self.dht, self.job_id, params, timeout_s=timeout_s, my_id=self.my_id)
+            log.info("job %s: outer rounds with %s", self.job_id[:12], [c.trainer_id[:12] for c in self.cotrainers.live()])
+        return self.outer
 
     def peer_round_open(self, version: int) -> bool:
         """Whether a cotrainer has opened the averaging round of `version` (so this trainer should
@@ -131,9 +143,11 @@ class JobSwarm:
         st.state_syncs = self.counters["state_syncs"]
 
     def shutdown(self) -> None:
-        """Stop the gradient averager, if one was started."""
+        """Stop the gradient averager and the outer rounds' averager, where started."""
         if self.averaging is not None:
             self.averaging.shutdown()
+        if self.outer is not None:
+            self.outer.shutdown()
 
 
 class AveragingReduce:
@@ -171,6 +185,7 @@ class AveragingReduce:
             log.info("job %s v%d: averaging round took %.1fs (%s)", swarm.job_id[:12], version,
                      time.monotonic() - self.t0, outcome.reason or "agreed")
         swarm.counters["averaging_excluded"] += len(outcome.excluded)
+        swarm.counters["averaging_bytes_sent"] += outcome.bytes_sent
         if outcome.group_size < self.expected:
             swarm.cotrainers.probe(swarm.job_id)   # someone missed the round: is it still there?
         metrics = {"averaged_with": float(outcome.group_size - 1) if outcome.agreed else 0.0,

@@ -8,7 +8,8 @@ signed update for that version before it is adopted (`node.trainer.job.JobRuntim
 
 Tensor order: the adapter's tensors sorted by name, then per optimizer parameter index
 (exp_avg, exp_avg_sq, step as a 1-element tensor); parameters without state yet (no step taken)
-send zeros and are marked absent in the metadata.
+send zeros and are marked absent in the metadata. A DiLoCo job's state (always an outer version)
+adds the outer momentum, one tensor per parameter.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class SharedState:
     adapter_hash: bytes
     adapter: ad.State
     optimizer: dict[str, Any]   # a torch optimizer state_dict
+    outer_momentum: list[torch.Tensor] | None = None   # DiLoCo: the outer momentum at this (outer) version
 
 
 def pack(state: SharedState, params: Sequence[torch.Tensor]) -> tuple[dict[str, Any], list[torch.Tensor]]:
@@ -51,7 +53,9 @@ def pack(state: SharedState, params: Sequence[torch.Tensor]) -> tuple[dict[str, 
         else:
             tensors += [s[k].detach().float().contiguous() for k in ADAM_KEYS]
             tensors.append(torch.as_tensor(s["step"], dtype=torch.float32).reshape(1))
-    meta = {"job_id": state.job_id, "trainer": state.trainer_id, "version": state.version,
+    if state.outer_momentum is not None:
+        tensors += [m.detach().float().contiguous() for m in state.outer_momentum]
+    meta = {"job_id": state.job_id, "outer_momentum": state.outer_momentum is not None, "trainer": state.trainer_id, "version": state.version,
             "hash": state.adapter_hash.hex(), "names": names, "present": present,
             "param_groups": state.optimizer.get("param_groups", [])}
     return meta, tensors
@@ -71,7 +75,8 @@ def unpack(meta: dict[str, Any], tensors: Sequence[torch.Tensor], params: Sequen
         version, claimed = int(meta["version"]), bytes.fromhex(meta["hash"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed shared state metadata: {exc}") from exc
-    if len(present) != len(params) or len(tensors) != len(names) + 3 * len(params):
+    outer = bool(meta.get("outer_momentum", False))
+    if len(present) != len(params) or len(tensors) != len(names) + (4 if outer else 3) * len(params):
         raise ValueError("shared state does not match this job's layout")
     adapter = {n: t.float().contiguous() for n, t in zip(names, tensors[:len(names)])}
     if ad.adapter_hash(adapter) != claimed:
@@ -84,8 +89,13 @@ def unpack(meta: dict[str, Any], tensors: Sequence[torch.Tensor], params: Sequen
             raise ValueError(f"optimizer state {i} has shape {tuple(exp_avg.shape)}, expected {tuple(p.shape)}")
         if has:
             state[i] = {"step": step.reshape(()).clone(), "exp_avg": exp_avg.clone(), "exp_avg_sq": exp_avg_sq.clone()}
+    momentum = None
+    if outer:
+        momentum = [m.float().clone() for m in rest[3 * len(params):]]
+        if [m.shape for m in momentum] != [p.shape for p in params]:
+            raise ValueError("shared outer momentum does not match this job's LoRA parameters")
     return SharedState(str(meta.get("job_id", "")), str(meta.get("trainer", "")), version, claimed, adapter,
-                       {"state": state, "param_groups": param_groups})
+                       {"state": state, "param_groups": param_groups}, momentum)
 
 
 def priority(version: int, trainer_id: str) -> float:

@@ -125,6 +125,14 @@ class AdapterStore:
             self.prune(version)
         return exact, StoredUpdate(header, payload)
 
+    def publish_snapshot(self, version: int, state: ad.State) -> bytes:
+        """Publish `version` as a signed snapshot only (a DiLoCo outer version: no delta from the
+        previous version is stored, so a request for one is served this snapshot); returns its hash."""
+        with self._lock:
+            h = self.put_snapshot(version, state)
+            self.prune(version)
+        return h
+
     def adopt(self, header: pb.AdapterUpdate, payload: bytes, state_after: ad.State) -> None:
         """Store a verified update published by a cotrainer, re-signed by this trainer.
 

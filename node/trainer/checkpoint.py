@@ -1,4 +1,5 @@
-"""Atomic trainer checkpoints: adapter tensors, optimizer state and the step they belong to.
+"""Atomic trainer checkpoints: adapter tensors, optimizer state (and a DiLoCo job's outer
+state: outer parameters and momentum) and the step they belong to.
 
 A checkpoint is a folder `step-{N}` written under a temporary name, fsynced and renamed; the
 `LATEST` file naming it is replaced atomically afterwards. A crash at any point leaves the
@@ -34,6 +35,7 @@ class Checkpoint:
     step: int
     state: ad.State
     optimizer: dict[str, Any]   # torch.optim.Optimizer.state_dict()
+    outer: dict[str, Any] | None = None   # a DiLoCo job's outer state (`outer.OuterOptimizer.state_dict`)
 
 
 def save_checkpoint(root: Path, ckpt: Checkpoint) -> Path:
@@ -45,6 +47,8 @@ def save_checkpoint(root: Path, ckpt: Checkpoint) -> Path:
     tmp.mkdir()
     save_file(ckpt.state, str(tmp / "adapter.safetensors"))
     torch.save(ckpt.optimizer, tmp / "optimizer.pt")
+    if ckpt.outer is not None:
+        torch.save(ckpt.outer, tmp / "outer.pt")
     meta = {"step": ckpt.step, "adapter_hash": ad.adapter_hash(ckpt.state).hex()}
     (tmp / "meta.json").write_text(json.dumps(meta))
     for f in tmp.iterdir():
@@ -80,4 +84,5 @@ def load_checkpoint(root: Path) -> Checkpoint | None:
     if ad.adapter_hash(state).hex() != meta["adapter_hash"]:
         raise ValueError(f"checkpoint {folder} is corrupt: adapter hash mismatch")
     optimizer = torch.load(folder / "optimizer.pt", weights_only=False)
-    return Checkpoint(step=int(meta["step"]), state=state, optimizer=optimizer)
+    outer = torch.load(folder / "outer.pt", weights_only=False) if (folder / "outer.pt").exists() else None
+    return Checkpoint(step=int(meta["step"]), state=state, optimizer=optimizer, outer=outer)

@@ -21,6 +21,7 @@ from swarmrl.node.swarm.job_swarm import JobSwarm
 from swarmrl.node.swarm.trainer_state import SharedState, pack, priority
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol import delta_codec as dc
+from swarmrl.protocol import diloco
 from swarmrl.protocol.updates import ReceivedUpdate
 
 if TYPE_CHECKING:
@@ -28,7 +29,9 @@ if TYPE_CHECKING:
 
     from swarmrl.node.trainer.adapter_store import AdapterStore
     from swarmrl.node.trainer.learner import Learner
+    from swarmrl.node.trainer.outer import OuterOptimizer
     from swarmrl.protocol.identity import Identity
+    from swarmrl.protocol.jobspec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,8 @@ class CotrainedJob(Protocol):
     version: int
     head_hash: bytes
     head_state: ad.State
+    spec: JobSpec
+    outer: OuterOptimizer | None
 
     @property
     def done(self) -> bool:
@@ -75,7 +80,10 @@ class CotrainerSync:
         if self._shared is None:
             with job.lock:
                 self.keep_shared()
-        self.swarm.share(job.learner.params, self._shared_state, priority(job.version, job.identity.peer_id))
+        if self._shared is None:   # DiLoCo before its outer state is stored: nothing to share yet
+            return
+        shared_version = self._shared.version
+        self.swarm.share(job.learner.params, self._shared_state, priority(shared_version, job.identity.peer_id))
         target = self.swarm.cotrainers.sync_target(job.version, job.head_hash)
         if target is not None and self.swarm.may_sync():
             self.sync_from(target)
@@ -89,14 +97,25 @@ class CotrainerSync:
         return not self.job.done and self.swarm.peer_round_open(self.job.version)
 
     def keep_shared(self) -> None:
-        """Snapshot the head (adapter + optimizer) for cotrainers that fall behind. Call under
-        the job's lock, after the head changed."""
+        """Snapshot the head (adapter + optimizer) for cotrainers that fall behind; with DiLoCo
+        the last outer version and the outer momentum (inner versions are this trainer's own).
+        Call under the job's lock, after the head changed."""
         job = self.job
-        if self.swarm.active:
-            self._shared = SharedState(job.job_id, job.identity.peer_id, job.version, job.head_hash,
-                                       job.head_state, copy.deepcopy(job.learner.optimizer_state()))
-            if self.swarm.averaging is not None:
-                self.swarm.averaging.set_state(self._shared_state, priority(job.version, job.identity.peer_id))
+        if not self.swarm.active:
+            return
+        version, state, h, momentum = job.version, job.head_state, job.head_hash, None
+        if job.outer is not None:
+            version = diloco.last_outer_version(job.version, job.spec.inner_steps)
+            if version != job.version:
+                state = job.store.state_at(version) or {}
+                h = ad.adapter_hash(state) if state else b""
+            if not state:
+                return
+            momentum = [m.clone() for m in job.outer.momentum_P]
+        self._shared = SharedState(job.job_id, job.identity.peer_id, version, h, state,
+                                   copy.deepcopy(job.learner.optimizer_state()), momentum)
+        if self.swarm.averaging is not None:
+            self.swarm.averaging.set_state(self._shared_state, priority(version, job.identity.peer_id))
 
     def _shared_state(self) -> tuple[dict[str, Any], list[torch.Tensor]]:
         with self.job.lock:
@@ -145,6 +164,8 @@ class CotrainerSync:
                 job.store.adopt(u.header, u.payload, after)
             job.learner.load_state(state)
             job.learner.load_optimizer_state(shared.optimizer)
+            if job.outer is not None:   # DiLoCo: the adopted version is an outer one; the next round starts there
+                job.outer.reset([p.detach() for p in job.learner.params], shared.outer_momentum)
             job.version, job.head_hash, job.head_state = shared.version, shared.adapter_hash, state
             self.keep_shared()
         job.checkpoint()

@@ -63,7 +63,8 @@ class Trainer:
             runtime.attach_swarm(JobSwarm(
                 self.dht, self.identity.peer_id, job_id,
                 allowed=set(self.cfg.cotrainers) if self.cfg.cotrainers is not None else None,
-                matchmaking_s=self.cfg.averaging_matchmaking_s, timeout_s=self.cfg.averaging_timeout_s))
+                matchmaking_s=self.cfg.averaging_matchmaking_s, timeout_s=self.cfg.averaging_timeout_s,
+                sync=spec.sync_settings(), inner_steps=spec.inner_steps if spec.diloco else None))
         self.jobs[job_id] = runtime
         return runtime
 

@@ -28,8 +28,10 @@ from swarmrl.node.trainer.checkpoint import Checkpoint, load_checkpoint, save_ch
 from swarmrl.node.trainer.cotraining import CotrainerSync
 from swarmrl.node.trainer.learner import Learner
 from swarmrl.node.trainer.ledger import Ledger, PendingGroup
+from swarmrl.node.trainer.outer import OuterOptimizer
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol import delta_codec as dc
+from swarmrl.protocol import diloco
 from swarmrl.protocol.demand import IntakeMeter, demand
 from swarmrl.protocol.envs import job_environment
 from swarmrl.protocol.episode_limits import completion_budget, job_limits
@@ -101,6 +103,7 @@ class JobRuntime:
         self.upload_bytes: Counter[str] = Counter()
         self.published_at = 0.0
         self.batches_without_signal = 0   # consumed batches that changed nothing, since the last version
+        self.outer = OuterOptimizer(spec, self.learner.params) if spec.diloco else None   # DiLoCo (`outer`)
         self._resume()
         limits = job_limits(spec, self.env, vocab_size(self.learner.model))
         self.admission = Admission(job_id, spec, ledger, limits=limits, prompt_ids=self.prompt_ids_of,
@@ -123,6 +126,8 @@ class JobRuntime:
                 state, step = ad.apply_delta(state, dc.decode_delta(update.payload)), v
             self.learner.load_state(state)
             self.learner.load_optimizer_state(ckpt.optimizer)
+            if self.outer is not None and ckpt.outer is not None:
+                self.outer.load_state_dict(ckpt.outer)
             self.version = step
             self.head_hash = ad.adapter_hash(state)
             log.info("job %s resumed at version %d (checkpoint %d)", self.job_id, step, ckpt.step)
@@ -145,9 +150,16 @@ class JobRuntime:
             env_version=self.spec.environment_version, head_version=self.version, head_hash=self.head_hash,
             updated_ms=self.now_ms(), done=self.done, spec_json=self.spec.canonical_json(),
             trainer_public_key=self.identity.public_key,
-            cotrainer_keys=[c.public_key for c in self.cotraining.swarm.cotrainers.live()] if self.cotraining else [],
+            cotrainer_keys=self._vouched_keys(),
             demand=self.demand(),
         )
+
+    def _vouched_keys(self) -> list[bytes]:
+        """The cotrainers whose signed updates this job's workers may take: the live ones, or
+        none with DiLoCo (a cotrainer's inner version of a number is not ours)."""
+        if self.cotraining is None or self.outer is not None:
+            return []
+        return [c.public_key for c in self.cotraining.swarm.cotrainers.live()]
 
     def demand(self) -> pb.Demand:
         """What the job can still use, as its record announces it (`protocol.demand`): open
@@ -252,7 +264,10 @@ class JobRuntime:
             log.info("job %s: a batch of %d groups carried no signal; version stays %d",
                      self.job_id[:12], len(batch), self.version)
             return None
-        self.publish(self.learner.state())
+        if self.outer is not None and diloco.is_outer_version(self.version + 1, self.spec.inner_steps):
+            metrics.update(self._outer_step())
+        else:
+            self.publish(self.learner.state())
         self.ledger.mark([p.row_id for p in batch], "trained", step=self.version)
         self.compact_ledger()
         self.checkpoint()
@@ -271,9 +286,39 @@ class JobRuntime:
                       self.job_id[:12], cleared, deleted)
         return cleared, deleted
 
+    def _outer_step(self) -> dict[str, float]:
+        """DiLoCo: the outer step that makes the next (outer) version, averaged with the live
+        cotrainers (`outer.OuterOptimizer.step`); published as a snapshot, the same bytes at every
+        trainer of the round. Returns the outer figures for the metrics row."""
+        assert self.outer is not None
+        swarm = self.cotraining.swarm if self.cotraining is not None and self.cotraining.swarm.active else None
+        rounds = swarm.outer_rounds(self.learner.params, self.spec.outer_timeout_s) if swarm is not None else None
+        expected = 1 + len(swarm.cotrainers.live()) if swarm is not None else 1
+        new_P, metrics = self.outer.step([p.detach() for p in self.learner.params], self.version + 1, rounds, expected)
+        if swarm is not None:
+            swarm.counters["outer_rounds"] += 1
+            swarm.counters["outer_solo"] += int(not metrics["outer_agreed"])
+            swarm.counters["outer_bytes_sent"] += int(metrics["outer_bytes_sent"])
+        self.learner.set_params(new_P)
+        self.publish_outer(self.learner.state())
+        return metrics
+
+    def publish_outer(self, state: ad.State) -> None:
+        """Store an outer version as a signed snapshot (no delta: each trainer's workers hold its
+        own inner version, and only the snapshot's bytes are the same for all of them)."""
+        with self.lock:
+            self.store.encoder.reset()
+            self.head_hash = self.store.publish_snapshot(self.version + 1, state)
+            self.head_state = ad.clone_state(state)
+            self.version += 1
+            if self.cotraining is not None:
+                self.cotraining.keep_shared()
+        self.published_at = self.clock()
+
     def _reducer(self, has_groups: bool) -> GradientReducer | None:
-        """The step's gradient reducer: averaging while cotrainers live, else the learner's own."""
-        swarm = self.cotraining.swarm if self.cotraining is not None else None
+        """The step's gradient reducer: averaging while cotrainers live, else the learner's own
+        (always the learner's own with DiLoCo: trainers meet at outer steps only)."""
+        swarm = self.cotraining.swarm if self.cotraining is not None and self.outer is None else None
         reducer = swarm.reducer(self.version, self.head_hash, has_groups=has_groups) \
             if swarm is not None and swarm.averaging_now else None
         return self.wrap_reducer(reducer or LocalReduce()) if self.wrap_reducer else reducer
@@ -288,14 +333,15 @@ class JobRuntime:
             self.head_state = exact
             self.version += 1
             self.head_hash = bytes(pb.AdapterUpdate.FromString(update.header.body).to_hash)
-            if self.cotraining is not None:
+            if self.cotraining is not None and self.outer is None:   # DiLoCo shares outer versions only
                 self.cotraining.keep_shared()
         self.published_at = self.clock()
 
     def checkpoint(self) -> None:
         """Write adapter + optimizer + version atomically (`checkpoint.save_checkpoint`)."""
         save_checkpoint(self.dir / "checkpoints",
-                        Checkpoint(self.version, self.head_state, self.learner.optimizer_state()))
+                        Checkpoint(self.version, self.head_state, self.learner.optimizer_state(),
+                                   self.outer.state_dict() if self.outer is not None else None))
 
     def _metrics_row(self, batch: list[PendingGroup], metrics: dict[str, float], seconds: float) -> dict[str, float]:
         row = {"step": float(self.version), "policy_version": float(self.version),
@@ -331,7 +377,7 @@ class JobRuntime:
 
     def peer_round_open(self) -> bool:
         """True when a cotrainer is looking for an averaging group at our version (join it)."""
-        return self.cotraining is not None and self.cotraining.peer_round_open()
+        return self.cotraining is not None and self.outer is None and self.cotraining.peer_round_open()
 
     def updates(self, req: pb.AdapterRequest) -> Iterator[StoredUpdate]:
         """Deltas from `have_version` to the wanted version, or one snapshot."""

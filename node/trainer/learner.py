@@ -172,6 +172,18 @@ class Learner:
         if got != ad.adapter_hash(state):
             raise RuntimeError("adapter state did not load exactly")
 
+    def set_params(self, values: list[torch.Tensor]) -> None:
+        """Set the LoRA parameters (in `params` order) to `values` exactly, e.g. an outer step's result.
+
+        Raises:
+            ValueError: the count or a shape differs from the parameters'.
+        """
+        if len(values) != len(self.params) or any(v.shape != p.shape for v, p in zip(values, self.params)):
+            raise ValueError("values do not match the LoRA parameters")
+        with torch.no_grad():
+            for p, v in zip(self.params, values):
+                p.copy_(v)
+
     def optimizer_state(self) -> dict[str, Any]:
         """The optimizer's `state_dict()` (AdamW moments and step counts, for a checkpoint)."""
         return self.optimizer.state_dict()
