@@ -81,7 +81,7 @@ def split_run(backend: InferenceBackend, prompts: list[list[int]], sampling: Sam
 
 
 def vllm_figures(v: VLLMBackend, prompts: list[list[int]], sampling: Sampling, states: list[dict], rounds: int) -> dict:
-    base = timed(lambda: tokens(v._generate_on(v.server.base_name, prompts, sampling)), rounds)   # no LoRA at all
+    base = timed(lambda: tokens([f.result() for f in v._submit_on(v.server.base_name, prompts, sampling)]), rounds)   # no LoRA at all
     out = {"vllm base": base}
     for k in (1, 2, 4):
         names = [f"job{i}" for i in range(k)]

@@ -27,7 +27,7 @@ BACKENDS = ("hf", "vllm")
 
 def build_backend(
     kind: str, model_path: Path, *, dtype: torch.dtype | None = None, num_threads: int | None = None,
-    vllm_url: str | None = None, vllm_log: Path | None = None, device: str = "auto",
+    vllm_url: str | None = None, vllm_log: Path | None = None, device: str = "auto", max_jobs: int = 2,
 ) -> InferenceBackend:
     """Load the prepared base model at `model_path` (see `node.models.base_model.prepare_base_model`) into
     backend `kind` ("hf" or "vllm"). dtype defaults to the model's manifest (bf16 Gemma, fp32
@@ -37,7 +37,8 @@ def build_backend(
 
     "vllm" starts vLLM's server from `.venv-vllm` as this process's child (log at `vllm_log`), or
     attaches to the operator's server at `vllm_url`; without vLLM's environment and without a URL
-    it falls back to "hf" with a warning.
+    it falls back to "hf" with a warning. max_jobs: the jobs whose adapters one vLLM engine batch
+    carries (the server's `--max-loras` is one more, for the base model's zero adapter).
     Raises ValueError on an unknown backend kind or a model vLLM can't run, DeviceError (a
     ValueError) on a device this machine lacks; see
     `vllm_start.start_vllm_backend` for the vLLM server's errors.
@@ -52,7 +53,7 @@ def build_backend(
         else:
             from swarmrl.node.inference.vllm_start import start_vllm_backend
 
-            return start_vllm_backend(model_path, url=vllm_url, log_path=vllm_log)
+            return start_vllm_backend(model_path, url=vllm_url, log_path=vllm_log, max_jobs=max_jobs)
     if kind == "hf":
         from swarmrl.node.inference.device import load_on_device
         from swarmrl.node.inference.hf import HFBackend

@@ -13,6 +13,7 @@ exactly that quantity.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -106,6 +107,16 @@ class SampledCompletion:
     text: str
 
 
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One job's share of a `generate_batch` call: its prompts [B] (token ids), its sampling
+    parameters and its adapter slot (None: the base model)."""
+
+    prompt_token_ids: list[list[int]]
+    sampling: Sampling
+    adapter: str | None = None
+
+
 class InferenceBackend(ABC):
     """One base model loaded once, with named LoRA adapter slots (one per job).
 
@@ -127,6 +138,9 @@ class InferenceBackend(ABC):
     eos_token_ids: frozenset[int]
     pad_token_id: int
     dtype: torch.dtype
+    batches_adapters: bool = False
+    """Whether `generate_batch` runs several adapters' requests in one engine batch (vLLM), so a
+    worker may hold several jobs' leases in one round; False: one job a round (transformers)."""
 
     def _check_prompts(self, prompt_token_ids: list[list[int]]) -> None:
         """Raise ValueError on an empty prompt or a token id outside `[0, vocab_size)`."""
@@ -180,6 +194,12 @@ class InferenceBackend(ABC):
         Raises ValueError on empty prompts, out-of-vocabulary ids and KeyError on an unknown
         adapter.
         """
+
+    def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[list[list[SampledCompletion]]]:
+        """`generate` for each request, results indexed [request][prompt][n]. A backend that
+        `batches_adapters` runs every request in one engine batch, each on its own adapter; the
+        default runs them in turn. Raises what `generate` raises (nothing is returned then)."""
+        return [self.generate(r.prompt_token_ids, r.sampling, adapter=r.adapter) for r in requests]
 
     @abstractmethod
     def activated(self, adapter: str | None) -> AbstractContextManager[nn.Module]:

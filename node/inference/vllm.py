@@ -31,8 +31,8 @@ import shutil
 import tempfile
 import threading
 from collections import Counter
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,7 +41,14 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from swarmrl.node.inference.base import FinishReason, InferenceBackend, LoraShape, SampledCompletion, Sampling
+from swarmrl.node.inference.base import (
+    FinishReason,
+    GenerateRequest,
+    InferenceBackend,
+    LoraShape,
+    SampledCompletion,
+    Sampling,
+)
 from swarmrl.node.inference.stops import completion_end
 from swarmrl.node.inference.vllm_lora import (
     BASE_SLOT,
@@ -69,9 +76,12 @@ class VLLMBackend(InferenceBackend):
     model_path: the HF folder the server serves (tokenizer, config, manifest are read from it).
     lora_config: LoRA shape of slots `set_adapter` creates (`add_slot` gives a slot another one).
     versions_per_slot: adapter versions kept loaded per slot, >= 2 (staleness window + 1).
+    `batches_adapters`: several jobs' requests run in one engine batch (`generate_batch`).
     Thread-safe. `activated` is not available (no torch module in this process): scoring runs on
     an `HFBackend` (the validator's).
     """
+
+    batches_adapters = True
 
     def __init__(self, server: VLLMServer, model_path: Path, lora_config: peft.LoraConfig,
                  versions_per_slot: int = 2) -> None:
@@ -247,27 +257,37 @@ class VLLMBackend(InferenceBackend):
         Raises ValueError on an empty prompt or an out-of-vocabulary id, KeyError on an unknown
         adapter, ConventionError (a ValueError) for top_p < 1, VLLMServerError if the server fails
         or answers with another model than the one asked for."""
-        from_engine([], LOGPROBS_MODE, sampling.temperature, sampling.top_p)   # refuse unconvertible settings first
-        self._check_prompts(prompt_token_ids)
-        if not prompt_token_ids:
-            return []
+        return self.generate_batch([GenerateRequest(prompt_token_ids, sampling, adapter)])[0]
+
+    def generate_batch(self, requests: Sequence[GenerateRequest]) -> list[list[list[SampledCompletion]]]:
+        """`generate` for several jobs at once, results [request][prompt][n]: every prompt of every
+        request is sent to the server together (one completion request each, concurrent), so the
+        engine schedules them in one batch, each on the newest version of its own request's slot
+        (the server maps a version's name to its `LoRARequest`; `max_loras` is sized for the jobs
+        served at once: `vllm_start.start_vllm_backend(max_jobs=...)`). Every request is checked
+        before any is sent; raises as `generate` does."""
+        for r in requests:
+            from_engine([], LOGPROBS_MODE, r.sampling.temperature, r.sampling.top_p)   # refuse unconvertible settings first
+            self._check_prompts(r.prompt_token_ids)
         with self._lock:
-            model = self._require_slot(BASE_SLOT if adapter is None else adapter).current
-            self._running[model] += 1
+            models = [self._require_slot(BASE_SLOT if r.adapter is None else r.adapter).current for r in requests]
+            self._running.update(models)
         try:
-            return self._generate_on(model, prompt_token_ids, sampling)
+            futures = [self._submit_on(model, r.prompt_token_ids, r.sampling) for model, r in zip(models, requests)]
+            return [[f.result() for f in fs] for fs in futures]
         finally:
             with self._lock:
-                self._running[model] -= 1
-                if not self._running[model] and self._users.get(model) == set():   # evicted while running
-                    self._release(model, "")
+                for model in models:
+                    self._running[model] -= 1
+                    if not self._running[model] and self._users.get(model) == set():   # evicted while running
+                        self._release(model, "")
 
-    def _generate_on(self, model: str, prompt_token_ids: list[list[int]], sampling: Sampling) -> list[list[SampledCompletion]]:
-        """`generate` on the server's model or adapter `model` (its served name), no slot lookup."""
+    def _submit_on(self, model: str, prompt_token_ids: list[list[int]], sampling: Sampling) -> list[Future[list[SampledCompletion]]]:
+        """The server requests of one `generate` on the server's model or adapter `model` (its
+        served name), one per prompt, submitted now (no slot lookup)."""
         base_seed = sampling.seed if sampling.seed is not None else int(torch.randint(0, 2**31, ()).item())
-        futures = [self._pool.submit(self._request, model, ids, sampling, (base_seed + b * sampling.n) % 2**63)
-                   for b, ids in enumerate(prompt_token_ids)]
-        return [f.result() for f in futures]
+        return [self._pool.submit(self._request, model, ids, sampling, (base_seed + b * sampling.n) % 2**63)
+                for b, ids in enumerate(prompt_token_ids)]
 
     def _request(self, model: str, prompt: list[int], sampling: Sampling, seed: int) -> list[SampledCompletion]:
         body = {

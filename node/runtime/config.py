@@ -211,6 +211,9 @@ class WorkerConfig(_Config):
     device: str = "auto"
 
     max_prompts: int = Field(4, ge=1)    # prompts asked per lease
+    # backend "vllm": leases of up to this many jobs held at once, generated in one engine batch
+    # (each job on its own adapter; 1 = one job a round); the hf backend runs one job a round
+    jobs_per_round: int = Field(2, ge=1, le=16)
     max_message_mb: int = Field(64, ge=1)
     grade_timeout_s: float = Field(10.0, gt=0)
     poll_s: float = Field(1.0, gt=0)

@@ -2,7 +2,9 @@
 
 Main loop: find jobs -> pick one by demand (`market.JobMarket`: weighted power-of-two choices,
 another job at once when a trainer is busy) -> lease -> catch up -> generate -> grade -> sign ->
-submit.
+submit. On a backend that batches adapters (vLLM) a round holds leases of up to
+`jobs_per_round` jobs and generates them all in one engine batch (`lease_round.run_round`); on
+transformers, rounds stay per job.
 Beside it, a prefetch thread follows each job's head version (from the trainers' DHT records)
 and pulls new adapter versions as soon as they are published, from peers first; the gossip node
 serves what this worker holds to other peers.
@@ -16,7 +18,7 @@ import logging
 import random
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +44,7 @@ from swarmrl.node.swarm.dht import VerifiedRecord, find_jobs, join_swarm
 from swarmrl.node.swarm.env_records import EnvAnnouncer, env_infos, package_mismatch
 from swarmrl.node.swarm.gossip import GossipNode, UpdateCache
 from swarmrl.node.worker.engine import EngineFailed
+from swarmrl.node.worker.lease_round import Held, run_round
 from swarmrl.node.worker.market import JobMarket
 from swarmrl.node.worker.metrics import retired, worker_metrics
 from swarmrl.node.worker.receipts import ReceiptStore, receipts_path
@@ -123,7 +126,8 @@ class Worker:
             path = find_base_model(name, cfg.cache_dir)
             sha = base_model_sha256(path)
             if sha not in self.backends:
-                self.backends[sha] = build_backend(cfg.backend, path, vllm_url=cfg.vllm_url, device=cfg.device)
+                self.backends[sha] = build_backend(cfg.backend, path, vllm_url=cfg.vllm_url, device=cfg.device,
+                                                   max_jobs=max(2, cfg.jobs_per_round))
         self.model_name = names[0]
         self.sha256 = next(iter(self.backends))
         self.backend = self.backends[self.sha256]
@@ -137,6 +141,7 @@ class Worker:
         self._failed_trainers: dict[str, float] = {}   # trainer id -> monotonic time until it is skipped
         self.market = JobMarket(cfg.max_job_weight)   # which job next; trainers skipped after a broken promise
         self.red_team = RedTeam(cfg.red_team) if cfg.red_team else None   # adversarial drill (local only)
+        self.rounds_by_jobs: Counter[int] = Counter()   # rounds that ran, by the jobs their batch carried
         self.retired: dict[str, SimpleNamespace] = {}   # job id -> what the metrics keep of a finished session
         self.ops_urls: dict[str, str] = {}   # {"metrics": URL} once the metrics server runs
         self.announcer = (EnvAnnouncer(dht, identity, env_infos(cfg.environments), list(self.backends))
@@ -205,7 +210,7 @@ class Worker:
     def report(self) -> dict[str, Any]:
         """The worker's ready file: peer id, per job the adapter it holds (version, hash, trainer,
         sync figures, bytes served to peers), skipped jobs, jobs whose records are ignored now
-        (bad demand), data-set sources."""
+        (bad demand), rounds by the jobs they carried, data-set sources."""
         adapters = {j: {"version": s.replica.version, "hash": s.replica.hash.hex(), "trainer": s.record.trainer_id,
                         "sync": s.sync.stats.report()} for j, s in list(self.sessions.items())}
         adapters.update(self.finished)
@@ -218,6 +223,7 @@ class Worker:
                 adapters[j]["receipts"] = {"kept": st.receipts_kept, "refused": dict(st.receipts_refused)}
         out = {"peer_id": self.identity.peer_id, "adapters": adapters, "peer_upload_bytes": sum(served.values()),
                "skipped_jobs": dict(self.skipped), "ignored_jobs": dict(self.market.ignored),
+               "rounds_by_jobs": {str(k): n for k, n in sorted(self.rounds_by_jobs.items())},
                "dataset_sources": dict(self.dataset_stats.sources),
                "dataset_refused": dict(self.dataset_stats.refused), **self.ops_urls}
         if self.red_team is not None:
@@ -265,7 +271,7 @@ class Worker:
             if done:
                 if job_id not in self.finished:
                     final = max(int(r.record.head_version) for r in done)
-                    self._guard(self.finish, self.choose(records), stop, version=final)
+                    self._guard(lambda r, v=final: self.finish(r, v), self.choose(records), stop)
                 continue
             sound = self.market.sound(records, JobSpec.from_json(records[0].record.spec_json))
             if sound:
@@ -278,15 +284,63 @@ class Worker:
         return bool(live) or not (self.cfg.exit_when_done and self.finished)
 
     def _serve(self, live: dict[str, VerifiedRecord], stop: threading.Event) -> bool:
-        """One round on the job the market picks from `live` (job id -> record followed); a job
-        whose trainer refuses as busy is skipped (`JobMarket.refused_busy`) and the next is picked
-        at once. Returns whether a round ran (False: no job wanted work)."""
+        """One round on the job the market picks from `live` (job id -> record followed), or on
+        up to `jobs_per_round` jobs where the backend batches adapters (`_serve_many`); a job
+        whose trainer refuses as busy is skipped (`JobMarket.refused_busy`) and the next is
+        picked at once. Returns whether a round ran (False: no job wanted work)."""
+        k = self.cfg.jobs_per_round if self.backend.batches_adapters and self.red_team is None else 1
+        if k > 1:
+            return self._serve_many(live, stop, k)
         left = dict(live)
         while (job_id := self.market.pick(left)) is not None:
             rec = left.pop(job_id)
             if self._guard(lambda r: self._round(self.session(r), r, stop), rec, stop) != BUSY:
                 return True
         return False
+
+    def _serve_many(self, live: dict[str, VerifiedRecord], stop: threading.Event, k: int) -> bool:
+        """One round holding leases of up to `k` jobs on one base model's backend (the market's
+        `plan`; a busy trainer's place is filled again at once), all generated in one engine
+        batch and each submitted to its own trainer (`lease_round.run_round`). Returns whether a
+        round ran; waits `poll_s` when every job refused or failed."""
+        left, held, failed = dict(live), [], False
+        plan = self.market.plan(left, k)
+        sha = live[plan[0]].record.base_model_sha256 if plan else b""
+        while plan:
+            busy = False
+            for job_id in plan:
+                rec = left.pop(job_id)
+                if rec.record.base_model_sha256 != sha:
+                    continue   # another base model's engine: a later round
+                got = self._guard(self._lease, rec, stop, wait=False)
+                busy |= got == BUSY
+                failed |= got is None or got == REFUSED
+                if isinstance(got, Held):
+                    held.append(got)
+            plan = self.market.plan(left, k - len(held), keep=False) if busy and len(held) < k else []
+        self.market.keep([h.job_id for h in held])
+        if held:
+            guard = functools.partial(self._guard, stop=stop, wait=False)
+            for h, result in run_round(self.backends[sha.hex()], held, guard):
+                log.info("job %s lease %s v%d: %d/%d groups admitted (a round of %d jobs)", h.job_id,
+                         result.lease_id, result.policy_version, result.admitted, result.groups, len(held))
+            self.rounds_by_jobs[len(held)] += 1
+        elif failed:
+            stop.wait(self.cfg.poll_s)
+        return bool(held) or failed
+
+    def _lease(self, rec: VerifiedRecord) -> Held | str:
+        """A lease of `rec`'s job for a round of several jobs, or why not: BUSY (the trainer is
+        skipped a while: `JobMarket.refused_busy`) or REFUSED. Raises what `_guard` absorbs."""
+        session = self.session(rec)
+        lease = session.request_lease()
+        if lease is None:
+            if session.last_refusal == "busy":
+                self.market.refused_busy(rec, session.last_retry_ms)
+                return BUSY
+            return REFUSED
+        self.market.granted(rec)
+        return Held(rec, session, lease)
 
     def prefetch_loop(self, stop: threading.Event) -> None:
         """Pull each job's newest version as soon as a trainer announces it (replica only; the
@@ -316,34 +370,33 @@ class Worker:
             stop.wait(self.cfg.poll_s)
             return REFUSED
         self.market.granted(rec)
+        self.market.keep([rec.record.job_id])
+        self.rounds_by_jobs[1] += 1
         log.info("job %s lease %s v%d: %d/%d groups admitted", session.job_id, result.lease_id,
                  result.policy_version, result.admitted, result.groups)
         return WORKED
 
-    def _guard(self, fn: Callable[..., object], rec: VerifiedRecord, stop: threading.Event,
-               **kwargs: Any) -> object:
-        """`fn(rec, **kwargs)`'s result; None when a peer, the trainer or the engine failed (the
-        failure is logged, a trainer that can't be reached is skipped for TRAINER_RETRY_S, and the
-        call waits `poll_s`)."""
+    def _guard(self, fn: Callable[[VerifiedRecord], object], rec: VerifiedRecord, stop: threading.Event,
+               wait: bool = True) -> object:
+        """`fn(rec)`'s result; None when a peer, the trainer or the engine failed (the failure is
+        logged, a trainer that can't be reached is skipped for TRAINER_RETRY_S, and the call
+        waits `poll_s` unless `wait` is False: a round of several jobs waits once, at its end)."""
         try:
-            return fn(rec, **kwargs) if kwargs else fn(rec)
+            return fn(rec)
         except grpc.RpcError as exc:
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 self._failed_trainers[rec.trainer_id] = time.monotonic() + TRAINER_RETRY_S
             log.warning("job %s: trainer call failed (%s: %s); retrying", rec.record.job_id, exc.code(), exc.details())
-            stop.wait(self.cfg.poll_s)
         except tls.PinError as exc:   # unreachable, or not the certificate its signed record pins
             self._failed_trainers[rec.trainer_id] = time.monotonic() + TRAINER_RETRY_S
             log.warning("job %s: %s; retrying", rec.record.job_id, exc)
-            stop.wait(self.cfg.poll_s)
         except DatasetUnavailable as exc:
             log.warning("job %s: %s; retrying", rec.record.job_id, exc)
-            stop.wait(self.cfg.poll_s)
         except AdapterBehind as exc:
             log.info("job %s: %s; retrying", rec.record.job_id, exc)
-            stop.wait(self.cfg.poll_s)
         except EngineFailed as exc:   # the lease is skipped (it expires at the trainer); keep serving
             log.error("job %s: %s; lease skipped", rec.record.job_id, exc)
+        if wait:
             stop.wait(self.cfg.poll_s)
         return None
 

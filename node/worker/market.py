@@ -4,7 +4,9 @@ and which trainers it skips for a while after they refused a lease they had anno
 - A record whose demand is missing or absurd (`protocol.demand.check_demand`) is ignored, its
   reason logged once per job (until it changes) and kept in `ignored` (the worker's report).
 - The job is picked by the pure rule `protocol.market.choose_job` (weighted power-of-two
-  choices), keeping the job served now while it wants work.
+  choices), keeping the job served now while it wants work; a worker whose engine batches
+  several jobs' adapters picks a round's set of jobs by `protocol.lease_set.plan_round`, the
+  same rule once per place, keeping the last round's jobs while they want work.
 - A trainer that announced capacity and then refused a lease as `busy` is skipped for that job
   for `max(retry hint, BUSY_SKIP_S) * 2 ** (k - 1)` seconds (at most `BUSY_SKIP_MAX_S`), k its
   broken promises in a row (a granted lease resets k): the worker goes to another job at once,
@@ -31,6 +33,7 @@ from collections.abc import Callable, Mapping
 from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.protocol.demand import check_demand
 from swarmrl.protocol.jobspec import JobSpec
+from swarmrl.protocol.lease_set import plan_round
 from swarmrl.protocol.market import MAX_WEIGHT, Offer, busy_skip, choose_job, skip_ends
 
 log = logging.getLogger(__name__)
@@ -47,11 +50,20 @@ class JobMarket:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.max_weight, self.clock = max_weight, clock
         self.rng = rng or random.Random()
-        self.current: str | None = None   # the job served now (kept while it wants work)
+        self.kept: list[str] = []   # the jobs served in the last round (kept while they want work)
         self.ignored: dict[str, str] = {}   # job id -> why its records are ignored now
         # (job, trainer) -> (skipped until, not ended early before, head version when refused)
         self._skip: dict[tuple[str, str], tuple[float, float, int]] = {}
         self._broken: dict[tuple[str, str], int] = {}   # (job, trainer) -> broken promises in a row
+
+    @property
+    def current(self) -> str | None:
+        """The job served now, for a worker serving one job a round (the first kept job)."""
+        return self.kept[0] if self.kept else None
+
+    @current.setter
+    def current(self, job_id: str | None) -> None:
+        self.kept = [] if job_id is None else [job_id]
 
     def sound(self, records: list[VerifiedRecord], spec: JobSpec) -> list[VerifiedRecord]:
         """The records of one job whose demand is sound; the reason the others are ignored is
@@ -82,29 +94,41 @@ class JobMarket:
         until, earliest, head = self._skip.get((rec.record.job_id, rec.trainer_id), (0.0, 0.0, 0))
         return skip_ends(until, earliest, head, int(rec.record.head_version)) > self.clock()
 
+    def offers(self, live: Mapping[str, VerifiedRecord]) -> list[Offer]:
+        """The jobs of `live` (job id -> the record followed) as the rule sees them, less those
+        whose trainer broke a promise lately."""
+        return [Offer(j, int(r.record.demand.capacity), r.record.demand.intake_per_min, r.record.demand.weight)
+                for j, r in live.items() if not self.skipped(r)]
+
     def pick(self, live: Mapping[str, VerifiedRecord]) -> str | None:
-        """The job to serve next among `live` (job id -> the record followed), skipping trainers
-        that broke a promise lately; None when none wants work."""
-        offers = [Offer(j, int(r.record.demand.capacity), r.record.demand.intake_per_min, r.record.demand.weight)
-                  for j, r in live.items() if not self.skipped(r)]
-        return choose_job(offers, self.rng, current=self.current, cap=self.max_weight)
+        """The job to serve next among `live` (job id -> the record followed), keeping the current
+        one while it wants work; None when none wants work."""
+        return choose_job(self.offers(live), self.rng, current=self.current, cap=self.max_weight)
+
+    def plan(self, live: Mapping[str, VerifiedRecord], k: int, *, keep: bool = True) -> list[str]:
+        """Up to `k` jobs of `live` to lease from in one round (`protocol.lease_set.plan_round`),
+        the kept jobs challenged once each (`keep=False`: none, to fill places a busy refusal left)."""
+        return plan_round(self.offers(live), self.rng, kept=self.kept if keep else (), k=k, cap=self.max_weight)
 
     def granted(self, rec: VerifiedRecord) -> None:
-        """The record's trainer leased work: keep its job, forget its broken promises."""
-        self.current = rec.record.job_id
+        """The record's trainer leased work: forget its broken promises (`keep` says which jobs stay)."""
         self._broken.pop((rec.record.job_id, rec.trainer_id), None)
+
+    def keep(self, job_ids: list[str]) -> None:
+        """The jobs whose trainers granted this round's leases: kept while they want work."""
+        self.kept = list(dict.fromkeys(job_ids))
 
     def refused_busy(self, rec: VerifiedRecord, retry_after_ms: int = 0) -> float:
         """The record's trainer refused a lease as `busy`: skip it for its job (see the module
-        docstring) and drop the job as the one kept. Returns the skip in seconds."""
+        docstring) and drop the job from those kept. Returns the skip in seconds."""
         key = (rec.record.job_id, rec.trainer_id)
         k = self._broken.get(key, 0) + 1
         self._broken[key] = k
         skip, base = busy_skip(retry_after_ms / 1000, k)
         now = self.clock()
         self._skip[key] = (now + skip, now + base, int(rec.record.head_version))
-        if self.current == rec.record.job_id:
-            self.current = None
+        if rec.record.job_id in self.kept:
+            self.kept.remove(rec.record.job_id)
         if len(self._skip) > 4096:   # forget skips that ended (jobs and trainers come and go)
             now = self.clock()
             self._skip = {k2: t for k2, t in self._skip.items() if t[0] > now}

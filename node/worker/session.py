@@ -18,7 +18,7 @@ from typing import Any
 
 import hivemind
 
-from swarmrl.node.inference.base import InferenceBackend, SampledCompletion, Sampling
+from swarmrl.node.inference.base import GenerateRequest, InferenceBackend, SampledCompletion, Sampling
 from swarmrl.node.models.base_model import default_cache_dir
 from swarmrl.node.models.causal_lm import render_prompt
 from swarmrl.node.net.trainer_client import WorkerTrainer
@@ -131,9 +131,19 @@ class JobSession:
         lease = self.request_lease()
         if lease is None:
             return None
-        self.catch_up(lease.policy_version)
-        prompts = self.env.prompts(self.spec.seed, list(lease.prompt_indices))
+        prompts = self.prepare(lease)
         groups = self.generate(prompts, lease)
+        return self.deliver(lease, prompts, groups)
+
+    def prepare(self, lease: pb.Lease) -> list[PromptSpec]:
+        """Catch up to the lease's policy version (loaded into the backend) and derive its prompts
+        from the job seed. Raises AdapterBehind, EngineFailed as `catch_up` does."""
+        self.catch_up(lease.policy_version)
+        return self.env.prompts(self.spec.seed, list(lease.prompt_indices))
+
+    def deliver(self, lease: pb.Lease, prompts: list[PromptSpec], groups: list[pb.Group]) -> RoundResult:
+        """Grade the lease's generated `groups` (those `generate` kept), sign them and submit them
+        to the trainer. Raises grpc.RpcError when the trainer can't be reached."""
         if not groups:   # every group dropped (non-finite log-probs): nothing to sign
             return RoundResult(lease.lease_id, self.loaded_version, 0, 0, ["nonfinite_logprobs"])
         kept = {g.prompt_index for g in groups}
@@ -200,16 +210,34 @@ class JobSession:
             self.stats.generated(sum(len(g.completions) for g in groups),
                                  sum(sum(c.token_mask) for g in groups for c in g.completions), time.monotonic() - t0)
             return self._finite(groups, lease)
+        request = self.request(prompts, lease)
+        t0 = time.monotonic()
+        outs = with_recovery(self.backend, lambda: self.backend.generate(request.prompt_token_ids, request.sampling,
+                                                                         adapter=request.adapter),
+                             what=f"job {self.job_id[:12]} generate", on_fault=self.stats.engine_fault)
+        return self.groups_from(prompts, request, outs, lease, time.monotonic() - t0)
+
+    @property
+    def plays_episodes(self) -> bool:
+        """Whether the job's environment plays multi-turn episodes (its rounds generate turn by turn)."""
+        return isinstance(self.env, EpisodeEnv)
+
+    def request(self, prompts: list[PromptSpec], lease: pb.Lease) -> GenerateRequest:
+        """The single-turn generate request of a lease: its prompts' ids, its sampling parameters
+        with a fresh random seed, this job's adapter slot."""
         s = lease.sampling
         sampling = Sampling(n=s.n, max_new_tokens=s.max_new_tokens, temperature=s.temperature, top_p=s.top_p,
                             stop=tuple(s.stop), seed=int.from_bytes(os.urandom(4), "little"))
         prompt_ids = [render_prompt(self.backend.tokenizer, p, self.spec.chat_template) for p in prompts]
-        t0 = time.monotonic()
-        outs = with_recovery(self.backend, lambda: self.backend.generate(prompt_ids, sampling, adapter=self.job_id),
-                             what=f"job {self.job_id[:12]} generate", on_fault=self.stats.engine_fault)
-        self.stats.generated(sum(map(len, outs)), sum(len(c.token_ids) for cs in outs for c in cs), time.monotonic() - t0)
+        return GenerateRequest(prompt_ids, sampling, adapter=self.job_id)
+
+    def groups_from(self, prompts: list[PromptSpec], request: GenerateRequest, outs: list[list[SampledCompletion]],
+                    lease: pb.Lease, seconds: float) -> list[pb.Group]:
+        """The ungraded groups of `request`'s completions `outs` [prompt][n] (generated in
+        `seconds` of wall time, this job's share of a call), counted; the non-finite dropped."""
+        self.stats.generated(sum(map(len, outs)), sum(len(c.token_ids) for cs in outs for c in cs), seconds)
         groups = [pb.Group(prompt_index=p.index, prompt_token_ids=ids, completions=[self._completion(c) for c in comps])
-                  for p, ids, comps in zip(prompts, prompt_ids, outs)]
+                  for p, ids, comps in zip(prompts, request.prompt_token_ids, outs)]
         return self._finite(groups, lease)
 
     def _finite(self, groups: list[pb.Group], lease: pb.Lease) -> list[pb.Group]:
