@@ -20,6 +20,7 @@ jobs are the batch's wall time, not k times it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -67,7 +68,7 @@ def run_round(backend: InferenceBackend, held: list[Held], guard: Guard) -> list
     """The round over `held` (leases already granted, every job's session on `backend`): catch
     up -> one batch -> grade -> sign -> submit per job (see the module docstring). Returns the
     jobs whose rollouts reached their trainer, with what each admitted."""
-    ready = [h for h in held if guard(lambda _r, h=h: _prepare(h), h.record) is not None]
+    ready = [h for h in held if guard(functools.partial(_prepare, h), h.record) is not None]
     single = [h for h in ready if not h.session.plays_episodes]
     try:
         generate_together(backend, single)
@@ -75,10 +76,10 @@ def run_round(backend: InferenceBackend, held: list[Held], guard: Guard) -> list
         log.error("%d jobs' batch: %s; leases skipped", len(single), exc)
         single = []
     played = [h for h in ready if h.session.plays_episodes
-              and guard(lambda _r, h=h: _play(h), h.record) is not None]
+              and guard(functools.partial(_play, h), h.record) is not None]
     out = []
     for h in single + played:
-        result = guard(lambda _r, h=h: h.session.deliver(h.lease, h.prompts, h.groups), h.record)
+        result = guard(functools.partial(_deliver, h), h.record)
         if isinstance(result, RoundResult):
             out.append((h, result))
     return out
@@ -105,11 +106,15 @@ def generate_together(backend: InferenceBackend, held: list[Held]) -> None:
         h.groups = h.session.groups_from(h.prompts, request, out, h.lease, seconds * share)
 
 
-def _prepare(h: Held) -> bool:
+def _prepare(h: Held, _rec: VerifiedRecord) -> bool:
     h.prompts = h.session.prepare(h.lease)
     return True
 
 
-def _play(h: Held) -> bool:
+def _play(h: Held, _rec: VerifiedRecord) -> bool:
     h.groups = h.session.generate(h.prompts, h.lease)
     return True
+
+
+def _deliver(h: Held, _rec: VerifiedRecord) -> RoundResult:
+    return h.session.deliver(h.lease, h.prompts, h.groups)

@@ -271,7 +271,7 @@ class Worker:
             if done:
                 if job_id not in self.finished:
                     final = max(int(r.record.head_version) for r in done)
-                    self._guard(lambda r, v=final: self.finish(r, v), self.choose(records), stop)
+                    self._guard(functools.partial(self.finish, version=final), self.choose(records), stop)
                 continue
             sound = self.market.sound(records, JobSpec.from_json(records[0].record.spec_json))
             if sound:

@@ -87,7 +87,7 @@ def test_one_vllm_batch_serves_two_jobs_trainers(two_trainers, tmp_path: Path, m
     validator = ValidatorService(ValidatorConfig(key=tmp_path / "v.key", state_dir=tmp_path / "validator",
                                                  cache_dir=model_cache, sample_rate=1.0, device="cpu"),
                                  validator_key, connect=connect)
-    records = lambda: [t.verified_record(j) for t, j in zip(trainers, jobs)]   # noqa: E731
+    records = lambda: [t.verified_record(j) for t, j in zip(trainers, jobs)]
     try:
         assert worker.backend.batches_adapters
         for version in (0, 1):
