@@ -17,7 +17,6 @@ Skips, saying why, where vLLM's environment is absent (tests/conftest.py makes i
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -36,24 +35,13 @@ from swarmrl.node.worker.main import Worker
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.validator.service import ValidatorService
+from tests.unit.test_worker_market import Stop
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.slow, pytest.mark.needs_vllm,
     pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning"),
 ]
 FP32_TOL = 1e-3   # the validator's group-mean floor for an fp32 model
-
-
-class Stop(threading.Event):
-    """A stop event that never blocks (a wait is the worker idling: recorded)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits: list[float | None] = []
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waits.append(timeout)
-        return False
 
 
 @pytest.fixture()

@@ -11,7 +11,6 @@ engine batch carries them (tests/integration/test_vllm_multi_job.py)."""
 from __future__ import annotations
 
 import functools
-import threading
 from pathlib import Path
 
 import pytest
@@ -27,18 +26,7 @@ from swarmrl.node.worker.lease_round import Held, run_round, token_shares
 from swarmrl.node.worker.main import Worker
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
-
-
-class Stop(threading.Event):
-    """A stop event that never blocks and records every wait."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits: list[float | None] = []
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waits.append(timeout)
-        return False
+from tests.unit.test_worker_market import Stop
 
 
 def test_token_shares() -> None:
