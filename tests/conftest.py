@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,23 @@ torch.set_num_threads(1)
 # reset to the default at each child's exec, so children get the terminal's behaviour.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+class SignalLeak(UserWarning):
+    """A test left SIGINT / SIGTERM with another disposition than it found (restored for it)."""
+
+
+@pytest.fixture(autouse=True)
+def _signal_dispositions(request: pytest.FixtureRequest):
+    """Restore SIGINT and SIGTERM after every test, warning (SignalLeak) if one changed them: a
+    leaked SIG_IGN is inherited by every process a later test starts, so its Ctrl-C is lost."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in before.items():
+        now = signal.getsignal(sig)
+        if now is not handler:
+            warnings.warn(SignalLeak(f"{request.node.nodeid} left {sig.name} as {now!r}; restored"), stacklevel=1)
+            signal.signal(sig, handler)
 
 
 @pytest.fixture(scope="session")

@@ -104,6 +104,7 @@ def test_snapshot_cache_is_an_lru(published: Published) -> None:
     src.state(1), src.state(2), src.state(1)
     assert fetch.calls == 2
     src.state(3)                      # evicts 2, the least recently used
-    assert (JOB, 1) in src.cache and (JOB, 2) not in src.cache
+    job_at_trainer = f"{JOB}@{src.trainer_id}"   # keyed by trainer too (a DiLoCo job's inner versions)
+    assert (job_at_trainer, 1) in src.cache and (job_at_trainer, 2) not in src.cache
     src.state(2)
     assert fetch.calls == 4
