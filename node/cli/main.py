@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn, TypeAlias
@@ -434,10 +432,6 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(var, "1")  # models are prepared locally; never reach for a hub
     apply_native_defaults()
     args = build_parser().parse_args(argv)
-    # Ctrl-C raises KeyboardInterrupt even when a parent started us with SIGINT ignored (a
-    # background job of a non-interactive shell, as CI runners do); Python keeps SIG_IGN then.
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return COMMANDS[args.command](args)
     except (Exception, KeyboardInterrupt) as exc:
