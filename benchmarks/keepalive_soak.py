@@ -10,7 +10,7 @@ GOAWAY shows). Prints what each channel saw; `--json PATH` writes the result as 
 
 The 10-minute soak test runs this in the background from the start of the test session
 (tests/conftest.py, with `--json` and `--parent-pid`); `--parent-pid` makes it exit as soon as
-that process is gone, so a test run killed outright leaves no soak behind.
+the run's controlling process is gone, so a test run killed outright leaves no soak behind.
 """
 
 from __future__ import annotations
@@ -27,11 +27,15 @@ from tests.integration.keepalive_clients import soak
 
 
 def _exit_with_parent(pid: int) -> None:
-    """Exit this process (at once, code 3) once process `pid`, our parent, is gone."""
+    """Exit this process (at once, code 3) once process `pid` (the test run's controller: our
+    parent, or the parent of the xdist worker that started us) is gone."""
     def watch() -> None:
-        while os.getppid() == pid:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(3)
             time.sleep(1)
-        os._exit(3)
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
@@ -42,7 +46,7 @@ def main() -> None:
     ap.add_argument("--standard-ping-s", type=float, nargs="+", default=[30.0, 10.0])
     ap.add_argument("--old", action="store_true", help="grpc's default server enforcement (as before issue 11)")
     ap.add_argument("--json", type=Path, help="also write the result here (written when the hold ends)")
-    ap.add_argument("--parent-pid", type=int, help="exit as soon as this process (our parent) is gone")
+    ap.add_argument("--parent-pid", type=int, help="exit as soon as this process (the test run's) is gone")
     args = ap.parse_args()
     if args.parent_pid is not None:
         _exit_with_parent(args.parent_pid)

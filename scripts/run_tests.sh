@@ -26,6 +26,12 @@ for pkg in nftables:nft ethtool:ethtool; do
       >/dev/null 2>&1 || echo "run_tests.sh: could not install ${pkg%%:*}; the netns test bed will skip" >&2
   fi
 done
+# Two test processes side by side (pytest-xdist; a test file stays on one process): most tests wait
+# on processes they started, so two at a time share 2 cores better than one does. The keepalive
+# soak is started once per run whichever process collects it (tests/conftest.py).
+# SWARMRL_TEST_PROCS=0 runs everything in one process.
+par=(-q --durations=25)
+if [ "${SWARMRL_TEST_PROCS:-2}" != 0 ]; then par+=(-n "${SWARMRL_TEST_PROCS:-2}" --dist loadfile); fi
 if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null && command -v ip >/dev/null \
    && unshare -n true 2>/dev/null; then
   # vLLM's environment (.venv-vllm, 3.4 GB) is made only when a selected test needs it (marker
@@ -42,6 +48,6 @@ if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null && command -v ip >/dev/nu
     rm -f "$need"
   fi
   export SWARMRL_TEST_NETNS=private
-  exec unshare -n sh -c 'ip link set lo up && exec "$@"' sh "$py" -m pytest -q --durations=25 "$@"
+  exec unshare -n sh -c 'ip link set lo up && exec "$@"' sh "$py" -m pytest "${par[@]}" "$@"
 fi
-exec "$py" -m pytest -q --durations=25 "$@"
+exec "$py" -m pytest "${par[@]}" "$@"

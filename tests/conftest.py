@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import atexit
+import fcntl
 import glob
 import os
 import shutil
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -76,40 +78,103 @@ def _clean_hivemind_sockets():
 # runs for SOAK_S seconds in a subprocess (benchmarks/keepalive_soak.py: a real server and
 # clients on 127.0.0.1, almost all idle waiting). It is started once collection has settled
 # which tests run, only if that test is among them; the test is moved to the end of the run, so
-# it waits only for whatever of the ten minutes the rest of the suite did not take. The
-# subprocess is in its own process group, killed at session end whatever happened (and at exit,
-# and it exits by itself once this process is gone).
+# it waits only for whatever of the ten minutes the rest of the suite did not take.
+# Under pytest-xdist every worker collects, so the soak lives in a folder named after the run's
+# controller (the pytest process itself without xdist): the first collector to make the folder
+# starts the soak there, and the test, on whichever worker it runs, waits on that folder's files.
+# The soak is in its own process group, exits by itself once the controller is gone, and the
+# controller kills it at session end whatever happened (and at exit).
 SOAK_S = float(os.environ.get("SWARMRL_KEEPALIVE_SOAK_S", "600"))   # shorter only to check the mechanism
 
 
-class KeepaliveSoak:
-    """The background soak: its process, and the files its result and stderr go to."""
+def _controller_pid(config: pytest.Config) -> int:
+    """The run's controlling pytest process: xdist workers are its direct children."""
+    return os.getppid() if hasattr(config, "workerinput") else os.getpid()
 
-    def __init__(self, seconds: float) -> None:
+
+class KeepaliveSoak:
+    """The background soak of one test run: its folder (result, stderr, pid) and, in the process
+    that started it, its Popen."""
+
+    def __init__(self, seconds: float, controller_pid: int) -> None:
         self.seconds = seconds
-        self.dir = Path(tempfile.mkdtemp(prefix="swarmrl-soak-"))
-        self.result, self.stderr = self.dir / "result.json", self.dir / "stderr.log"
+        self.dir = Path(tempfile.gettempdir()) / f"swarmrl-soak-{controller_pid}"
+        self.result, self.stderr, self.pid_file = self.dir / "result.json", self.dir / "stderr.log", self.dir / "pid"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.controller_pid = controller_pid
+
+    def start_once(self) -> None:
+        """Start the soak unless another collector of this run already did (mkdir decides)."""
+        try:
+            self.dir.mkdir()
+        except FileExistsError:
+            return
         root = Path(__file__).resolve().parent.parent
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
         with open(self.dir / "stdout.log", "wb") as out, open(self.stderr, "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.keepalive_soak", "--seconds", str(seconds),
-                 "--json", str(self.result), "--parent-pid", str(os.getpid())],
+                [sys.executable, "-m", "benchmarks.keepalive_soak", "--seconds", str(self.seconds),
+                 "--json", str(self.result), "--parent-pid", str(self.controller_pid)],
                 cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
-        atexit.register(self.close)
+        tmp = self.pid_file.with_suffix(".tmp")
+        tmp.write_text(str(self.proc.pid))
+        tmp.replace(self.pid_file)
+
+    def _pid(self, timeout_s: float = 60.0) -> int:
+        deadline = time.monotonic() + timeout_s
+        while not self.pid_file.exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no keepalive soak started in {self.dir}")
+            time.sleep(0.2)
+        return int(self.pid_file.read_text())
+
+    def wait(self, timeout: float) -> int:
+        """The soak's exit code (0 when another process started it and it left its result);
+        raises subprocess.TimeoutExpired after `timeout` seconds."""
+        if self.proc is not None:
+            return self.proc.wait(timeout=timeout)
+        pid, deadline = self._pid(), time.monotonic() + timeout
+        while _alive(pid):
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(["keepalive_soak", str(pid)], timeout)
+            time.sleep(1.0)
+        return 0 if self.result.exists() else 1
 
     def close(self) -> None:
-        """Kill the soak's whole process group (if it still runs) and remove its files."""
-        if self.proc.poll() is None:
+        """Kill the soak's whole process group (if it still runs) and remove its folder."""
+        if self.pid_file.exists():
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
+                os.killpg(int(self.pid_file.read_text()), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError, ValueError):
                 pass
+        if self.proc is not None:
             self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:   # a zombie child of another xdist worker counts as ended
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return False
+
+
 _soak: KeepaliveSoak | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):   # the controller cleans up whoever started it
+        soak = KeepaliveSoak(SOAK_S, os.getpid())
+        shutil.rmtree(soak.dir, ignore_errors=True)   # a folder of a killed run whose pid we reuse
+        atexit.register(soak.close)
+        config.stash[_CONTROLLER_SOAK] = soak
+
+
+_CONTROLLER_SOAK = pytest.StashKey[KeepaliveSoak]()
 
 
 @pytest.hookimpl(trylast=True)   # after -m / -k / --deselect have removed what won't run
@@ -121,7 +186,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return
     items[:] = [i for i in items if i not in soaks] + soaks
     if _soak is None:
-        _soak = KeepaliveSoak(SOAK_S)
+        _soak = KeepaliveSoak(SOAK_S, _controller_pid(config))
+        _soak.start_once()
 
 
 # ---- vLLM's environment (issue 28): made only when a test that will run needs it
@@ -143,7 +209,11 @@ def _make_vllm_env_if_needed(config: pytest.Config, items: list[pytest.Item]) ->
         return
     if not needing or vllm_python() is not None:
         return
-    reason = _make_vllm_env(len(needing))
+    lock = Path(__file__).resolve().parent.parent / ".cache" / "vllm_env.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as held:   # xdist workers collect side by side: one of them makes it
+        fcntl.flock(held, fcntl.LOCK_EX)
+        reason = None if vllm_python() is not None else _make_vllm_env(len(needing))
     for item in needing if reason else ():
         item.add_marker(pytest.mark.skip(reason=reason))
 
@@ -174,8 +244,8 @@ def _make_vllm_env(n_tests: int) -> str | None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if _soak is not None:
-        _soak.close()
+    if (soak := session.config.stash.get(_CONTROLLER_SOAK, None)) is not None:
+        soak.close()
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.keepalive_s
 
 def test_idle_channels_and_streams_survive_ten_minutes_of_keepalive_pings(keepalive_soak):
     try:
-        rc = keepalive_soak.proc.wait(timeout=keepalive_soak.seconds + 120)
+        rc = keepalive_soak.wait(timeout=keepalive_soak.seconds + 120)
     except subprocess.TimeoutExpired:
         pytest.fail(f"the keepalive soak had not ended {keepalive_soak.seconds + 120:.0f} s after it started")
     stderr = keepalive_soak.stderr.read_text(errors="replace")
