@@ -134,7 +134,9 @@ class KeepaliveSoak:
         if self.proc is not None:
             return self.proc.wait(timeout=timeout)
         pid, deadline = self._pid(), time.monotonic() + timeout
-        while _alive(pid):
+        from swarmrl.node.runtime import procs
+
+        while procs.alive(pid):   # a zombie child of another xdist worker counts as ended
             if time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(["keepalive_soak", str(pid)], timeout)
             time.sleep(1.0)
@@ -152,18 +154,8 @@ class KeepaliveSoak:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:   # a zombie child of another xdist worker counts as ended
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return False
-
-
 _soak: KeepaliveSoak | None = None
+_CONTROLLER_SOAK = pytest.StashKey[KeepaliveSoak]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -172,9 +164,6 @@ def pytest_configure(config: pytest.Config) -> None:
         shutil.rmtree(soak.dir, ignore_errors=True)   # a folder of a killed run whose pid we reuse
         atexit.register(soak.close)
         config.stash[_CONTROLLER_SOAK] = soak
-
-
-_CONTROLLER_SOAK = pytest.StashKey[KeepaliveSoak]()
 
 
 @pytest.hookimpl(trylast=True)   # after -m / -k / --deselect have removed what won't run
