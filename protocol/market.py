@@ -111,3 +111,23 @@ def choose_job(offers: Sequence[Offer], rng: random.Random, *, current: str | No
     if a == b:
         return rng.choice((first, challenger)).job_id
     return (first if a < b else challenger).job_id
+
+
+def intake_shares(offers: Sequence[Offer]) -> dict[str, float]:
+    """Each job's share of the swarm's work: its `intake_per_min` over the total of `offers`
+    (groups consumed per minute, so a fraction of what the swarm trains); 0 for all when nothing
+    was consumed yet."""
+    total = sum(max(0.0, o.intake_per_min) for o in offers)
+    return {o.job_id: (max(0.0, o.intake_per_min) / total if total > 0 else 0.0) for o in offers}
+
+
+def weight_shares(offers: Sequence[Offer], cap: float = MAX_WEIGHT) -> dict[str, float]:
+    """Each job's share by (capped) weight among `offers`: what the rule gives it when every job
+    wants more than the swarm supplies (docs/MARKET.md, "Fair shares"); a job that needs less
+    takes less, and the rest goes to the others.
+
+    Raises ValueError for a weight that is not > 0."""
+    if any(not o.weight > 0 for o in offers):
+        raise ValueError("every job's weight must be > 0 (protocol.demand.check_demand)")
+    total = sum(capped(o.weight, cap) for o in offers)
+    return {o.job_id: capped(o.weight, cap) / total for o in offers}

@@ -42,11 +42,89 @@ class VersionNotKept(LookupError):
 
 @dataclass
 class ReceivedUpdate:
-    """A verified header with its payload (signature and content hash checked)."""
+    """A verified header with its payload (signature and content hash checked).
+
+    rebuilt: a peer-made snapshot (`open_snapshot`, `rebuilt_snapshot`): `envelope` is the
+    trainer-signed header of the version (a delta's, whose `to_hash` is the version's adapter
+    hash), `payload` the peer's encoding of the state, and `header` that signed header read as a
+    snapshot of it (`snapshot` set, `payload_sha256`/`payload_size` of this payload; never signed
+    or re-served as such: peers serve `envelope`)."""
 
     header: pb.AdapterUpdate
     envelope: pb.Signed
     payload: bytes
+    rebuilt: bool = False
+
+
+class SnapshotRefused(ad.AdapterError):
+    """A snapshot from a peer that does not verify; `reason` is one of
+    `snapshot_sources.REFUSALS` (the label it is counted under)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+
+
+def _as_snapshot(header: pb.AdapterUpdate, payload: bytes) -> pb.AdapterUpdate:
+    view = pb.AdapterUpdate()
+    view.CopyFrom(header)
+    view.snapshot, view.from_version, view.from_hash = True, 0, b""
+    view.payload_sha256, view.payload_size, view.codec = ad.payload_sha256(payload), len(payload), ad.CODEC
+    return view
+
+
+def rebuilt_snapshot(update: ReceivedUpdate, state: ad.State) -> ReceivedUpdate:
+    """A snapshot of the version `update` produced, made from the replica's `state` after applying
+    it, to serve to peers: the trainer-signed envelope of `update` with `state` encoded
+    (`adapter.encode_state`). `update` itself when it is a snapshot already.
+
+    Raises:
+        ad.AdapterError: `state` does not hash to the update's signed `to_hash`."""
+    if update.header.snapshot:
+        return update
+    if ad.adapter_hash(state) != update.header.to_hash:
+        raise ad.AdapterError(f"version {update.header.to_version}: the state does not hash to the signed to_hash")
+    payload = ad.encode_state(state)
+    return ReceivedUpdate(_as_snapshot(update.header, payload), update.envelope, payload, rebuilt=True)
+
+
+def open_snapshot(got: Iterable[pb.AdapterChunk], signers: Collection[str], *, job_id: str, version: int,
+                  payload_sha256: bytes, max_bytes: int = ad.MAX_STATE_BYTES) -> ReceivedUpdate:
+    """Verify a snapshot a peer streamed for (`job_id`, `version`) under content address
+    `payload_sha256` (its holder record's), exactly as a trainer's: the header is signed by one of
+    `signers` and is of that job and version; the payload is the bytes asked for; the state it
+    decodes to hashes to the header's signed `to_hash`. The header may be the trainer's snapshot
+    header (a received snapshot re-served) or the signed header of any update ending at
+    `version` (a peer's rebuilt snapshot: `rebuilt` set).
+
+    Raises:
+        SnapshotRefused: with the reason (`snapshot_sources.REFUSALS`) it failed on."""
+    chunk_list = list(got)
+    if not chunk_list or not chunk_list[0].HasField("header") or any(c.HasField("header") for c in chunk_list[1:]):
+        raise SnapshotRefused("undecodable", "expected one header on the first chunk")
+    envelope = chunk_list[0].header
+    try:
+        header, signer = signing.open_signed(envelope, signing.ADAPTER_UPDATE, pb.AdapterUpdate)
+    except signing.SignatureError as exc:
+        raise SnapshotRefused("signature", str(exc)) from exc
+    if signer not in signers:
+        raise SnapshotRefused("untrusted", f"signed by {signer[:12]}, not a trainer we accept")
+    if header.job_id != job_id or int(header.to_version) != version:
+        raise SnapshotRefused("version", f"asked for v{version} of {job_id[:12]}, got v{header.to_version} "
+                                         f"of {header.job_id[:12]}")
+    payload = b"".join(c.data for c in chunk_list)
+    sha = ad.payload_sha256(payload)
+    if sha != payload_sha256 or (header.snapshot and sha != header.payload_sha256):
+        raise SnapshotRefused("payload_sha256", f"payload of v{version} is not the content asked for")
+    try:
+        state = ad.decode_state(payload, max_bytes=max_bytes)
+    except ad.AdapterError as exc:
+        raise SnapshotRefused("undecodable", str(exc)) from exc
+    if ad.adapter_hash(state) != header.to_hash:
+        raise SnapshotRefused("adapter_hash", f"v{version}: the state does not hash to the trainer-signed to_hash")
+    if header.snapshot:
+        return ReceivedUpdate(header, envelope, payload)
+    return ReceivedUpdate(_as_snapshot(header, payload), envelope, payload, rebuilt=True)
 
 
 def chunks(header: pb.Signed, payload: bytes) -> Iterator[pb.AdapterChunk]:

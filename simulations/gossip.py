@@ -1,14 +1,24 @@
 """Delta gossip on the simulated network: who fetches each version from whom, and when.
 
-The rule is the product's (`protocol/delta_sources.py`): a joining worker takes one snapshot
-(from a peer holding one within `max_gap`, else its trainer) and deltas from there; a running
+The rule is the product's (`protocol/delta_sources.py`, `protocol/snapshot_sources.py`): a joining
+worker takes one snapshot (the nearest a peer holds within `max_gap`, else its trainer's) and
+deltas from there. Which peers hold snapshots follows `gossip.snapshot_rule`: "rebuilt" (the
+product's now) every reachable worker holding one of the newest `keep_snapshots` versions serves
+it (`snapshot_sources.serves_snapshot`: the head and the one before, at most `max_snapshot_streams`
+at once: a holder whose uplink already carries that many snapshots' worth refuses at once, counted
+in `snapshot_refused`, and the joiner asks its next holder; a trainer past `trainer_snapshot_streams`
+refuses "snapshot_busy", counted in `trainer_refused`, and the joiner looks at the peers again at its
+next sync poll); "received" (the rule before) only the
+joiners that received a snapshot serve it. With `snapshot_wait` a joiner that finds no peer's
+snapshot waits a random share of `peer_wait_s` for one (the product's CatchUp) and asks among those
+announced when its wait ends (the product stops at the first); without, it asks its trainer at
+once (the simulator before issue 24). A running
 worker notices a new version at its next sync poll and asks the announced holders in random order
 (at most `max_peer_attempts` of them per update and catch-up), waiting a random share of
 `peer_wait_s` (`wait_rule` "scaled*": of `delta_sources.wait_ceiling_s` for the previous version's
 reachable holders) for one to appear before it asks the trainer: it asks the first holder that
 announces, or under the "*-whole" rules (`delta_sources.waits_whole`) a random one of the holders
-announced when its wait ends. The snapshot a joiner takes is not waited for (the product waits up
-to `peer_wait_s` for a peer's snapshot; not modelled). Peers behind
+announced when its wait ends. Peers behind
 NAT accept no inbound stream, so they never announce and are never a source.
 
 Fetches fail as the product's do (network.fetch): a peer fetch after PEER_FETCH_TIMEOUT_S or when
@@ -37,7 +47,8 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from typing import Any
 
-from swarmrl.protocol import delta_sources
+from swarmrl.protocol import delta_sources, snapshot_sources
+from swarmrl.simulations import regions
 from swarmrl.simulations.network import Fetch, Uplink, fetch
 from swarmrl.simulations.population import Worker
 from swarmrl.simulations.scenario import Gossip
@@ -93,6 +104,9 @@ class DeltaSpread:
         self.trainer_bytes = 0
         self.peer_bytes = 0
         self.failed = {"peer": 0, "trainer": 0}              # failed fetches (timed out or sender gone)
+        self.snapshot_sent = {"peer": 0, "trainer": 0}       # snapshot bytes sent, by source (failed ones too)
+        self.snapshot_refused = 0                            # snapshot requests a peer refused at its stream bound
+        self.trainer_refused = 0                             # snapshot requests a trainer refused ("snapshot_busy")
         self.queue_s_max = {"peer": 0.0, "trainer": 0.0}     # longest a fetch's first byte waited on an uplink (s)
         self.clock_s = 0.0                                   # the simulated clock at the last publish or join
         self._served = 0                                     # trainer fetches of the version being spread
@@ -153,9 +167,19 @@ class DeltaSpread:
         at its next sync poll after the trainer (prefetch_loop: sync_poll_s x U(0.5, 1.5))."""
         return got.end_s if src is not None else got.end_s + self.cfg.sync_poll_s * self.rng.uniform(0.5, 1.5)
 
-    def _get(self, w: Worker, found: list[SimHolder], size: int, start: float) -> tuple[float, Worker | None]:
+    def _admits(self, up: Uplink, at: float, bound: int) -> bool:
+        """Whether a sender whose uplink is `up` takes one more snapshot stream at `at` (s) under
+        `bound` (`snapshot_sources.admits_stream`): the snapshots' worth its uplink still carries
+        stand for the streams it serves."""
+        backlog_s = max(0.0, up.busy_until - at)
+        in_flight = math.ceil(backlog_s * up.up_bps / self.snapshot_bytes - 1e-9)
+        return snapshot_sources.admits_stream(in_flight, bound)
+
+    def _get(self, w: Worker, found: list[SimHolder], size: int, start: float,
+             snapshot: bool = False) -> tuple[float, Worker | None]:
         """Fetch an update the `found` holders announce, retrying as the product does; returns
-        (when `w` holds it, the peer that served it or None) (inf: never, within MAX_TRIES)."""
+        (when `w` holds it, the peer that served it or None) (inf: never, within MAX_TRIES).
+        `snapshot`: a holder at its stream bound refuses (one round trip) and the next is asked."""
         failed: set[str] = set()
         asked = 0   # peer fetches in this catch-up
         at = start
@@ -164,7 +188,22 @@ class DeltaSpread:
                 break
             self.events += 1
             src = self._pick(found, w, at, failed, delta_sources.attempts_left(self.limit, asked))
+            if snapshot and src is not None and not self._admits(src.uplink, at, self.cfg.max_snapshot_streams):
+                self.snapshot_refused += 1
+                failed.add(src.peer_id)
+                asked += 1
+                at += 2 * regions.one_way_s(src.region, w.region)
+                continue
+            if snapshot and src is None and self.cfg.trainer_snapshot_streams:
+                up, _ = self.trainer_source(w, at)
+                if not self._admits(up, at, self.cfg.trainer_snapshot_streams):   # "snapshot_busy": peers
+                    self.trainer_refused += 1                                     # again at the next poll
+                    asked = 0
+                    at += 2 * regions.one_way_s(up.region, w.region) + self.cfg.sync_poll_s * self.rng.uniform(0.5, 1.5)
+                    continue
             got = self._fetch(w, src, size, at)
+            if snapshot:
+                self.snapshot_sent["trainer" if src is None else "peer"] += got.sent_bytes
             if got.ok:
                 return got.end_s, src
             if src is not None:
@@ -182,16 +221,39 @@ class DeltaSpread:
                 SimHolder(w.peer_id, self.signer, w, at + self.announce_s))
 
     # ---- a worker joins: snapshot, then deltas
+    def snapshot_holders(self, version: int) -> list[SimHolder]:
+        """The reachable peers that announce a snapshot of `version` under the snapshot rule:
+        "rebuilt", every holder of one of the newest `keep_snapshots` versions (workers do not run
+        ahead of the head, so a holder of such a version keeps it among its newest); "received",
+        the joiners that took a snapshot of it."""
+        if self.cfg.snapshot_rule == "received":
+            return self.snapshots.get(version, [])
+        newest = range(self.version - self.cfg.keep_snapshots + 1, self.version + 1)
+        if not snapshot_sources.serves_snapshot("rebuilt", version=version, newest_held=newest, received=False,
+                                                keep=self.cfg.keep_snapshots):
+            return []
+        return self.holders.get(version, [])
+
+    def _snapshot_source(self, w: Worker, want: int, at: float) -> int | None:
+        """The nearest version a live peer serves a snapshot of for `w` at `at` (the first peer step
+        of `snapshot_sources.snapshot_plan`), None: the trainer's of `want` (its last step)."""
+        window = snapshot_sources.peer_snapshot_versions(range(want + 1), have=-1, want=want, max_gap=self.cfg.max_gap)
+        for v in window:   # nearest first; the first a live peer serves (snapshot_plan's first step)
+            if self._pick(self.snapshot_holders(v), w, at) is not None:
+                return v
+        return None
+
     def join(self, w: Worker, now: float) -> float:
         """Catch a new worker up to the current version; returns when it holds it."""
         want, self.clock_s = self.version, now
         assert delta_sources.needs_snapshot(-1, want, self.cfg.max_gap)
-        snap_v = want
-        for v in range(want, max(-1, want - self.cfg.max_gap - 1), -1):   # the newest within max_gap
-            if self._pick(self.snapshots.get(v, []), w, now) is not None:
-                snap_v = v
-                break
-        t, _ = self._get(w, self.snapshots.get(snap_v, []), self.snapshot_bytes, now)
+        at = now
+        snap_v = self._snapshot_source(w, want, at)
+        if snap_v is None and self.cfg.snapshot_wait and self.cfg.peer_wait_s > 0:
+            at = now + delta_sources.holder_wait_s(self.cfg.peer_wait_s, self.rng)   # wait for a peer's snapshot
+            snap_v = self._snapshot_source(w, want, at)
+        snap_v = want if snap_v is None else snap_v
+        t, _ = self._get(w, self.snapshot_holders(snap_v), self.snapshot_bytes, at, snapshot=True)
         if math.isinf(t):
             return t
         w.snapshot_version = snap_v

@@ -20,6 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from swarmrl.protocol import snapshot_sources
 from swarmrl.simulations.metrics import summarize, write_outputs
 from swarmrl.simulations.scenario import Scenario, churn_preset, load_scenario, scenario_error
 from swarmrl.simulations.world import World
@@ -67,6 +68,14 @@ def fewer_collections(thresholds: tuple[int, int, int] = GC_THRESHOLDS) -> Itera
         gc.set_threshold(*before)
 
 
+def snapshot_figures(by_source: dict[str, int], refused: int, trainer_refused: int) -> dict[str, Any]:
+    """The joiners' snapshot bytes by source, the trainers' share of them
+    (`snapshot_sources.trainer_share`) and the snapshot requests peers and trainers refused at
+    their stream bounds."""
+    return {"bytes": dict(by_source), "refused": refused, "trainer_refused": trainer_refused,
+            "trainer_share": round(snapshot_sources.trainer_share(by_source["peer"], by_source["trainer"]), 4)}
+
+
 def simulate(sc: Scenario, out: Path | None, *, should_stop: Callable[[], bool] = lambda: False,
              progress: Callable[[float], None] | None = None) -> dict[str, Any]:
     """Run `sc`; write its outputs under `out` (None: write nothing); returns the summary."""
@@ -81,6 +90,8 @@ def simulate(sc: Scenario, out: Path | None, *, should_stop: Callable[[], bool] 
                         trainers=sc.trainers.count, interrupted=interrupted, job_start_s=sc.job_start_s,
                         fetches_failed=world.gossip.failed, uplink_queue_s_max=world.gossip.queue_s_max,
                         events={"simpy": world.simpy_events(), "gossip": world.gossip.events})
+    summary["snapshots"] = snapshot_figures(world.gossip.snapshot_sent, world.gossip.snapshot_refused,
+                                            world.gossip.trainer_refused)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "scenario.json").write_text(sc.model_dump_json(indent=2) + "\n")

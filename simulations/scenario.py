@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from swarmrl.protocol import delta_sources
+from swarmrl.protocol import delta_sources, snapshot_sources
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.leases import BACKLOG_BATCHES
 from swarmrl.protocol.red_team_modes import MODES
@@ -144,6 +144,18 @@ class Gossip(Strict):
                            "up to peer_wait_s for a holder, 'scaled*' up to peer_wait_s * log2(previous version's "
                            "holders / 128) (delta_sources.wait_ceiling_s); '*-whole' wait the whole drawn share, "
                            "then ask a random holder, the others the first holder seen (delta_sources.waits_whole)")
+    snapshot_rule: str = Field(snapshot_sources.SNAPSHOT_RULE, description="worker config snapshot_rule: "
+                               "'rebuilt' every peer serves its newest keep_snapshots versions as snapshots, "
+                               "'received' only snapshots it received (the rule before; protocol/snapshot_sources)")
+    keep_snapshots: int = Field(snapshot_sources.KEEP_SNAPSHOTS, ge=1, description="worker config keep_snapshots")
+    max_snapshot_streams: int = Field(snapshot_sources.MAX_STREAMS, ge=0,
+                                      description="worker config max_snapshot_streams: snapshots a peer serves at once")
+    trainer_snapshot_streams: int = Field(snapshot_sources.TRAINER_SNAPSHOT_STREAMS, ge=0, description="trainer "
+                                          "config max_snapshot_streams: snapshots a trainer serves workers at once, "
+                                          "past it 'snapshot_busy' (0: no bound)")
+    snapshot_wait: bool = Field(True, description="a joiner finding no peer's snapshot waits a random share of "
+                                "peer_wait_s for one before its trainer (the product's CatchUp; false: the "
+                                "simulator before issue 24, which asked the trainer at once)")
     trainer_fanout: int = Field(0, ge=0, description="what-if: the trainer serves each delta to at most this many "
                                 "workers, the others wait for a peer (0: unlimited, the product today)")
 
@@ -152,6 +164,9 @@ class Gossip(Strict):
         if self.wait_rule not in delta_sources.WAIT_RULES:
             raise ValueError(f"gossip.wait_rule: unknown rule {self.wait_rule!r} "
                              f"(known: {', '.join(delta_sources.WAIT_RULES)})")
+        if self.snapshot_rule not in snapshot_sources.SNAPSHOT_RULES:
+            raise ValueError(f"gossip.snapshot_rule: unknown rule {self.snapshot_rule!r} "
+                             f"(known: {', '.join(snapshot_sources.SNAPSHOT_RULES)})")
         return self
 
 

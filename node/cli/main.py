@@ -5,10 +5,11 @@
     swarmrl worker --credit [--config FILE] [-o key=value ...]
     swarmrl submit JOB.toml --trainer HOST:PORT
     swarmrl status JOB --trainer HOST:PORT
+    swarmrl status --initial-peers MADDR
     swarmrl fetch JOB --trainer HOST:PORT --out DIR
-    swarmrl up [JOB.toml] [--model tiny|gemma|smollm2|FOLDER] [--steps N] [--workers K] [--out DIR] [-j FIELD=VALUE]
+    swarmrl up [JOB.toml ...] [--jobs N] [--model tiny|gemma|smollm2|FOLDER] [--steps N] [--workers K] [--out DIR] [-j FIELD=VALUE]
     swarmrl simulate [--scenario FILE] [--workers N] [--trainers K] [--hours H] [--cheaters SHARE] [--churn LEVEL]
-    swarmrl dashboard --trainer HOST:PORT [--job JOB] [--port N]
+    swarmrl dashboard --trainer HOST:PORT [--trainer ...] [--job JOB] [--port N]
     swarmrl eval [JOB.toml] --adapter DIR
     swarmrl env list | swarmrl env check JOB.toml
 
@@ -23,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import NoReturn, TypeAlias
@@ -53,6 +52,7 @@ from swarmrl.node.cli.checks import (
     up_job_fields,
 )
 from swarmrl.node.cli.native import apply_native_defaults
+from swarmrl.node.cli.status import cmd_status
 from swarmrl.node.runtime import config as cfgmod
 
 EPILOG = """\
@@ -163,10 +163,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--key", type=Path, default=Path("keys/submitter.key"),
                    help="the submitter's key file (created if missing)")
     s.add_argument("--cache-dir", type=Path, help="base model cache (default: $SWARMRL_CACHE or ~/.cache/swarmrl)")
-    st = _add(sub, "status", "show a job's progress and peers")
-    st.add_argument("job_id", type=nonempty, help="the id `swarmrl submit` printed")
-    st.add_argument("--trainer", required=True, type=endpoint, metavar="HOST:PORT",
-                    help="the gRPC endpoint of a trainer of the job")
+    st = _add(sub, "status", "show a job's progress and peers; without a job id, every job the swarm announces")
+    st.add_argument("job_id", nargs="?", type=nonempty, help="the id `swarmrl submit` printed (omit: list every job)")
+    st.add_argument("--trainer", type=endpoint, metavar="HOST:PORT",
+                    help="the gRPC endpoint of a trainer of the job (with a job id)")
+    st.add_argument("--initial-peers", nargs="+", default=None, metavar="MADDR",
+                    help="without a job id: a peer of the swarm to read the job records through (e.g. the "
+                         "bootstrap's multiaddr, which `swarmrl up` prints)")
     st.add_argument("--tls-sha256", type=sha256_hex, default=b"", metavar="HEX",
                     help="the trainer serves TLS: pin its certificate (tls_sha256 in its ready file); without it, plaintext")
     st.add_argument("--history", type=int_at_least(0), default=10, help="recent steps to show")
@@ -193,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_arguments(_add(sub, "simulate", "simulate the swarm at scale on a simulated clock "
                                 "(SimPy; simulations/README.md)"))
     d = _add(sub, "dashboard", "serve a trainer's live job pages here, polling its gRPC status")
-    d.add_argument("--trainer", required=True, type=endpoint, metavar="HOST:PORT", help="the trainer's gRPC endpoint")
+    d.add_argument("--trainer", required=True, type=endpoint, action="append", metavar="HOST:PORT",
+                   help="a trainer's gRPC endpoint; repeat it for the jobs of several trainers on one page")
     d.add_argument("--job", action="append", default=[], metavar="JOB_ID", help="list this job on the index page")
     d.add_argument("--host", default="127.0.0.1", help="where the page listens (loopback unless told)")
     d.add_argument("--port", type=int, default=8080, help="0: any free port")
@@ -204,7 +208,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _up_parser(sub: SubParsers) -> None:
     up = _add(sub, "up", "run a whole local swarm on 127.0.0.1 and train a job file (or the built-in job)",
               epilog=UP_EPILOG)
-    up.add_argument("job_file", nargs="?", type=existing_file, help="JOB.toml, as `swarmrl submit` takes it")
+    up.add_argument("job_file", nargs="*", type=existing_file,
+                    help="JOB.toml, as `swarmrl submit` takes it; several: one swarm trains them all at once")
+    up.add_argument("--jobs", type=int_at_least(1), default=None, metavar="N",
+                    help="also run N copies of the built-in job (seeds --seed, --seed+1, ...) on the same swarm")
+    up.add_argument("--weights", default="", metavar="W,...",
+                    help="with several jobs: each job's weight (its share when demand exceeds supply), "
+                         "job files first, then the copies (default: 1 each)")
     up.add_argument("--model", type=model_name, default=None,
                     help="tiny | gemma (google/gemma-3-270m) | smollm2 (HuggingFaceTB/SmolLM2-135M-Instruct) | "
                          "a model folder; default: the job file's base_model, else gemma")
@@ -212,7 +222,9 @@ def _up_parser(sub: SubParsers) -> None:
     up.add_argument("--workers", type=int_at_least(1), default=2, help="honest workers")
     up.add_argument("--backend", choices=["hf", "vllm"], default="hf",
                     help="honest workers' inference backend (vllm: its server in .venv-vllm; default: hf)")
-    up.add_argument("--trainers", type=int_at_least(1), default=1, help="trainers serving the job (they average gradients)")
+    up.add_argument("--trainers", type=int_at_least(1), default=None,
+                    help="trainers serving the job (they average gradients; default 1); with several jobs: "
+                         "trainers hosting them, job i on trainer i mod N (default: one per job)")
     up.add_argument("--out", type=Path, default=Path("runs/latest"), help="output folder (adapter, metrics, summary)")
     up.add_argument("--loss", choices=["grpo", "dapo", "dr_grpo", "gspo", "cispo"],
                     help="loss variant (default: the built-in job's)")
@@ -324,26 +336,6 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    """Print a job's status, as tables or (--json) as JSON.
-
-    Raises:
-        UnknownJob: the trainer does not host the job.
-    """
-    from swarmrl.node.cli.status import message_dict, print_status
-    from swarmrl.node.submitter.client import UnknownJob, job_status
-
-    st = job_status(args.trainer, args.job_id, history=args.history, tls_sha256=args.tls_sha256)
-    if st.state == "unknown":
-        raise UnknownJob(f"unknown job {args.job_id!r}: the trainer at {args.trainer} does not host it "
-                         "(use the id `swarmrl submit` printed)")
-    if args.json:
-        print(json.dumps(message_dict(st), indent=2))
-        return 0
-    print_status(st)
-    return 0
-
-
 def cmd_fetch(args: argparse.Namespace) -> int:
     """Download a job's current adapter into --out in PEFT format; prints its version and hash."""
     check_writable(args.out, "--out")
@@ -356,7 +348,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     """Check every `up` argument (before torch is imported), then run the local swarm to the end
-    of its job (node/local/up.py)."""
+    of its job (node/local/up.py), or of its jobs when several are given (node/local/many.py)."""
     red_team = red_team_modes(args.red_team)
     threads = parse_threads(args.threads)
     job, flags = up_job_fields(args)
@@ -364,16 +356,25 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.netns and (reason := _netns_missing()) is not None:
         raise UsageError(f"--netns: {reason}")
     precheck_job_fields({**job, **flags}, "job")
+    from swarmrl.node.local.jobs_plan import plan_jobs
+
+    sources = plan_jobs(args.job_file, args.jobs, args.weights, args.trainers, red_team)
     from swarmrl.node.local.up import UpOptions, run_up
 
-    opts = UpOptions(out=args.out, model=args.model, workers=args.workers, trainers=args.trainers,
+    opts = UpOptions(out=args.out, model=args.model, workers=args.workers, trainers=args.trainers or 1,
                      cache_dir=args.cache_dir, threads=threads, timeout_s=args.timeout, red_team=red_team,
-                     job_overrides=job, job_file=args.job_file,
+                     job_overrides=job, job_file=args.job_file[0] if args.job_file else None,
                      worker_overrides=[f"backend={json.dumps(args.backend)}"], netns=args.netns, tls=args.tls,
                      eval_n=0 if args.no_eval else args.eval_n, **flags)
-    if args.job_file is None and opts.model is None:
+    if not args.job_file and opts.model is None:
         opts.model = "gemma"
-    run_up(opts)
+    if len(sources) == 1:
+        run_up(opts)
+        return 0
+    from swarmrl.node.local.many import run_up_many
+
+    opts.trainers = args.trainers or len(sources)
+    run_up_many(opts, sources)
     return 0
 
 
@@ -431,10 +432,6 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault(var, "1")  # models are prepared locally; never reach for a hub
     apply_native_defaults()
     args = build_parser().parse_args(argv)
-    # Ctrl-C raises KeyboardInterrupt even when a parent started us with SIGINT ignored (a
-    # background job of a non-interactive shell, as CI runners do); Python keeps SIG_IGN then.
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return COMMANDS[args.command](args)
     except (Exception, KeyboardInterrupt) as exc:

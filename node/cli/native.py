@@ -4,6 +4,8 @@ by `node.cli.main.main` before anything imports grpc or hivemind."""
 from __future__ import annotations
 
 import os
+import signal
+import threading
 
 NATIVE_DEFAULTS = {"GRPC_VERBOSITY": "NONE", "HIVEMIND_MEMORY_SHARING_STRATEGY": "file_descriptor"}
 """Environment defaults for native code, set before grpc and hivemind are imported; a value in the
@@ -24,6 +26,10 @@ torch's allocator died in C++ (`terminate called after throwing an instance of
 
 def apply_native_defaults() -> None:
     """Apply NATIVE_DEFAULTS where the environment sets nothing (before grpc and hivemind are
-    imported: commands import them lazily)."""
+    imported: commands import them lazily), and give SIGINT Python's Ctrl-C handler."""
     for var, value in NATIVE_DEFAULTS.items():
         os.environ.setdefault(var, value)
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl-C raises KeyboardInterrupt even when a parent started us with SIGINT ignored (a
+        # background job of a non-interactive shell, as CI runners do): Python keeps SIG_IGN then.
+        signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -1,13 +1,20 @@
-"""`swarmrl status`'s output: a job's status as tables (rich) or as JSON with hashes in hex."""
+"""`swarmrl status`'s output: a job's status as tables (rich) or as JSON with hashes in hex; without
+a job id, the table of every job the swarm announces."""
 
 from __future__ import annotations
 
+import argparse
+import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+from swarmrl.node.cli.checks import UsageError
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
     from rich.table import Table
 
+    from swarmrl.node.swarm.listing import JobListing
     from swarmrl.protocol.pb import swarm_pb2 as pb
 
 
@@ -71,3 +78,72 @@ def peers_table(st: pb.JobStatus) -> Table:
                       str(p.groups_rejected), f"{p.verdicts_checked} ({p.verdicts_failed})", str(p.strikes),
                       f"{p.reputation:.2f}", p.ban_reason if p.banned else "")
     return peers
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def listing_table(rows: Sequence[JobListing]) -> Table:
+    """One row per announced job (node/swarm/listing.py): state and head version, demand
+    (capacity, intake per minute, weight), the workers able to serve it, its share of the running
+    jobs' intake and its weighted share."""
+    from rich.table import Table
+
+    table = Table("job", "name", "state", "version", "trainers", "capacity", "intake/min", "weight",
+                  "serving workers", "share", "weighted share", "note",
+                  title=f"jobs the swarm announces ({len(rows)}); base models: "
+                        f"{', '.join(sorted({r.base_model for r in rows})) or '-'}")
+    for r in rows:
+        state = "done" if r.done else "running"
+        table.add_row(r.job_id[:12], r.name, state, f"{r.head_version}/{r.total_steps}", str(r.trainers),
+                      str(r.capacity), f"{r.intake_per_min:.1f}", f"{r.weight:g}", str(r.serving_workers),
+                      _pct(r.share), _pct(r.fair_share), r.problem or r.unserved_reason)
+    return table
+
+
+def print_listing(rows: Sequence[JobListing]) -> None:
+    """Print the listing to stdout (a line saying so when the swarm announces no job)."""
+    from rich.console import Console
+
+    console = Console()
+    console = Console(width=max(console.width, 150))   # a pipe's 80 columns would cut the figures
+    if not rows:
+        console.print("the swarm announces no job (a record expires within a minute of its trainer stopping)")
+        return
+    console.print(listing_table(rows))
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print a job's status, as tables or (--json) as JSON; without a job id, list every job the
+    swarm announces (node/swarm/listing.py).
+
+    Raises:
+        UsageError: a job id without --trainer, or neither a job id nor --initial-peers.
+        UnknownJob: the trainer does not host the job.
+    """
+    if args.job_id is None:
+        if not args.initial_peers:
+            raise UsageError("status without a job id lists the swarm's jobs: give --initial-peers MADDR (a peer "
+                             "of the swarm, e.g. the bootstrap's, which `swarmrl up` prints), or a job id and --trainer")
+        from swarmrl.node.swarm.listing import read_jobs
+
+        rows = read_jobs(args.initial_peers)
+        if args.json:
+            print(json.dumps([r.as_dict() for r in rows], indent=2))
+            return 0
+        print_listing(rows)
+        return 0
+    if args.trainer is None:
+        raise UsageError(f"status {args.job_id}: give --trainer HOST:PORT (a trainer of the job)")
+    from swarmrl.node.submitter.client import UnknownJob, job_status
+
+    st = job_status(args.trainer, args.job_id, history=args.history, tls_sha256=args.tls_sha256)
+    if st.state == "unknown":
+        raise UnknownJob(f"unknown job {args.job_id!r}: the trainer at {args.trainer} does not host it "
+                         "(use the id `swarmrl submit` printed)")
+    if args.json:
+        print(json.dumps(message_dict(st), indent=2))
+        return 0
+    print_status(st)
+    return 0

@@ -97,7 +97,7 @@ def run_up(opts: UpOptions) -> dict[str, Any]:
     created = not opts.out.exists()
     run = RunSoFar(opts.out)
     try:
-        with signal_handler(signal.SIGTERM, _raise_signalled):   # unwind through stop_all, as on Ctrl-C
+        with signal_handler(signal.SIGTERM, raise_signalled):   # unwind through stop_all, as on Ctrl-C
             summary = _run_up(opts, run)
             return _headline(summary, opts, run)
     except (KeyboardInterrupt, Signalled) as exc:
@@ -113,7 +113,7 @@ def _run_up(opts: UpOptions, run: RunSoFar) -> dict[str, Any]:
     work = opts.out / "run"
     shutil.rmtree(work, ignore_errors=True)  # a fresh swarm (keys, ledger, logs) every time
     with console.status("preparing the base model and the job (cached after the first run)"):
-        spec, dataset = _up_job(opts)
+        spec, dataset = up_job(opts)
     run.spec, run.dataset = spec, dataset
     with swarm_for_up(work, netns=opts.netns, tls=opts.tls) as swarm:
         try:
@@ -139,7 +139,8 @@ def _stop_and_keep(swarm: LocalSwarm, run: RunSoFar, by: str) -> None:
         run.kept = keep_what_it_did(run, by)
 
 
-def _raise_signalled(signum: int, _frame: FrameType | None) -> None:
+def raise_signalled(signum: int, _frame: FrameType | None) -> None:
+    """A SIGTERM handler: raise `Signalled`, so the run unwinds as on Ctrl-C."""
     raise Signalled(signum)
 
 
@@ -169,7 +170,7 @@ def _headline(summary: dict[str, Any], opts: UpOptions, run: RunSoFar) -> dict[s
     return summary
 
 
-def _up_job(opts: UpOptions) -> tuple[JobSpec, bytes | None]:
+def up_job(opts: UpOptions) -> tuple[JobSpec, bytes | None]:
     """The job `up` runs: JOB.toml (checked as at submit time) or the built-in job, with the
     command line's overrides on top."""
     flags = {"steps": opts.steps, "max_async_level": opts.max_async_level}
@@ -192,7 +193,8 @@ def _up_job(opts: UpOptions) -> tuple[JobSpec, bytes | None]:
     return builtin_job(model, opts.cache_dir, seed=opts.seed, **opts.job_overrides, **over), None
 
 
-def _keys(work: Path, names: list[str]) -> dict[str, Identity]:
+def role_keys(work: Path, names: list[str]) -> dict[str, Identity]:
+    """Each role's key (`work/keys/NAME.key`, created on first use), by process name."""
     return {n: Identity.load_or_create(work / "keys" / f"{n}.key") for n in names}
 
 
@@ -233,7 +235,7 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path,
     workers = [f"worker{i}" for i in range(opts.workers)]
     adversaries = {f"redteam-{check_mode(m)}": m for m in opts.red_team}   # one adversarial worker per mode
     trainers = trainer_names(max(1, opts.trainers))
-    keys = _keys(work, ["submitter", *trainers, "validator", *workers, *adversaries])
+    keys = role_keys(work, ["submitter", *trainers, "validator", *workers, *adversaries])
     run.keys, run.trainer_dir = keys, work / trainers[0]
     cache = [f"cache_dir={json.dumps(str(opts.cache_dir))}"] if opts.cache_dir else []
     runs = _job_environments(spec)
@@ -283,9 +285,9 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path,
                         disk=disk)
         adapter_dir = opts.out / "adapter"
         version, adapter_hash = fetch_job_adapter(endpoint, job_id, adapter_dir, opts.cache_dir)
-        workers_state = _wait_workers(swarm, [*workers, *adversaries], work)
+        workers_state = wait_workers(swarm, [*workers, *adversaries], work)
         adversaries_state = {a: workers_state.pop(a) for a in adversaries}
-        status = _settle_validator(endpoint, job_id, spec)
+        status = settle_validator(endpoint, job_id, spec)
         live.finish(status)   # the last line shows the snapshot the summary is written from
     summary = summarize(status, spec, job_id, version, adapter_hash, workers_state, keys, time.monotonic() - t0)
     summary.update(red_team_summary(status, adversaries, adversaries_state, keys, workers))
@@ -332,7 +334,7 @@ class DiskWatch:
                 "by_trainer": {f.name: disk_use(f) for f in self.folders if f.exists()}}
 
 
-def _settle_validator(endpoint: str, job_id: str, spec: JobSpec, timeout_s: float = 30) -> pb.JobStatus:
+def settle_validator(endpoint: str, job_id: str, spec: JobSpec, timeout_s: float = 30) -> pb.JobStatus:
     """The final status once the validator has had a chance to check the last batches."""
     deadline = time.monotonic() + timeout_s
     last = -1
@@ -344,7 +346,7 @@ def _settle_validator(endpoint: str, job_id: str, spec: JobSpec, timeout_s: floa
         time.sleep(3.0)
 
 
-def _wait_workers(swarm: LocalSwarm, workers: list[str], work: Path,
+def wait_workers(swarm: LocalSwarm, workers: list[str], work: Path,
                   timeout_s: float = 120) -> dict[str, dict[str, Any]]:
     """Workers exit once the job is done (after catching up to the final version)."""
     deadline = time.monotonic() + timeout_s

@@ -1,7 +1,7 @@
 """The live job page's routes, over any source of `JobStatus`: the trainer's own jobs (served by
 the trainer on its ops port) or a trainer's gRPC `GetJobStatus` (`swarmrl dashboard --trainer`).
 
-    GET /                      the jobs served here
+    GET /                      the jobs served here, side by side
     GET /jobs/JOB              the page (polls /jobs/JOB/panel every 2 s and swaps it in place)
     GET /jobs/JOB/panel        the live panel (HTML fragment)
     GET /jobs/JOB/status.json  the status the panel was rendered from
@@ -92,7 +92,7 @@ def add_dashboard_routes(routes: Routes, cache: StatusCache, jobs: Callable[[], 
 
     def index(path: str, raw: str) -> Reply:
         parse_query(raw, set())
-        return Reply(200, render.index(jobs()).encode(), HTML)
+        return Reply(200, render.index([(j, cache.get(j)) for j in jobs()]).encode(), HTML)
 
     rendered: dict[tuple[str, str, int], tuple[pb.JobStatus, bytes]] = {}   # rendered once per fetched status
     lock = threading.Lock()
@@ -154,19 +154,33 @@ def grpc_fetch(stub: pb_grpc.TrainerStub, timeout_s: float = 10.0) -> Fetch:
     return fetch
 
 
-def run_dashboard(trainer: str, host: str, port: int, job_ids: list[str], max_message_mb: int = 64) -> None:
-    """`swarmrl dashboard`: serve the job pages of the trainer at `trainer` (HOST:PORT) until
-    interrupted, polling its gRPC `GetJobStatus`."""
+def first_known(fetches: list[Fetch]) -> Fetch:
+    """A fetch that asks each of `fetches` in turn (one per trainer) and returns the first status
+    found: the jobs of several trainers on one page."""
+    def fetch(job_id: str) -> pb.JobStatus | None:
+        for one in fetches:
+            st = one(job_id)
+            if st is not None:
+                return st
+        return None
+    return fetch
+
+
+def run_dashboard(trainers: list[str], host: str, port: int, job_ids: list[str], max_message_mb: int = 64) -> None:
+    """`swarmrl dashboard`: serve the job pages of the trainers at `trainers` (HOST:PORT each; a
+    job is read from the first that hosts it) until interrupted, polling their gRPC `GetJobStatus`;
+    the index shows the jobs side by side."""
     import grpc
 
     from swarmrl.node.net.grpc_options import channel_options
     from swarmrl.node.ops.http_server import start_ops_server
     from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
 
-    channel = grpc.insecure_channel(trainer, options=channel_options(max_message_mb))
-    cache = StatusCache(grpc_fetch(pb_grpc.TrainerStub(channel)), ttl_s=1.0)
+    channels = [grpc.insecure_channel(t, options=channel_options(max_message_mb)) for t in trainers]
+    cache = StatusCache(first_known([grpc_fetch(pb_grpc.TrainerStub(c)) for c in channels]), ttl_s=1.0)
     routes = Routes()
-    add_dashboard_routes(routes, cache, lambda: sorted(set(job_ids) | set(cache.known())), f"trainer {trainer} (gRPC)")
+    add_dashboard_routes(routes, cache, lambda: sorted(set(job_ids) | set(cache.known())),
+                         f"trainer{'s' if len(trainers) > 1 else ''} {', '.join(trainers)} (gRPC)")
     server = start_ops_server(host, port, routes)
     for j in job_ids or [""]:
         print(server.url(f"/jobs/{j}" if j else "/"), flush=True)
@@ -176,4 +190,5 @@ def run_dashboard(trainer: str, host: str, port: int, job_ids: list[str], max_me
         pass
     finally:
         server.close()
-        channel.close()
+        for c in channels:
+            c.close()

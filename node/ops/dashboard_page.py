@@ -49,11 +49,37 @@ def page(st: pb.JobStatus, source: str) -> str:
             f"<script>{SCRIPT}</script></body></html>")
 
 
-def index(job_ids: Sequence[str]) -> str:
-    """Links to the job pages served here."""
-    items = "".join(f"<li><a class='mono' href='/jobs/{escape(j)}'>{escape(j)}</a></li>" for j in job_ids)
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>swarmrl jobs</title><style>{CSS}</style>"
-            f"</head><body><h1>swarmrl jobs</h1><ul>{items or '<li>no jobs yet</li>'}</ul></body></html>")
+def index(jobs: Sequence[tuple[str, pb.JobStatus | None]]) -> str:
+    """The jobs served here side by side (one column each: state, steps, reward, groups, a reward
+    chart; a link to its page); it reloads itself every few seconds. A job whose status could not
+    be read is listed by its link alone."""
+    known = [(j, st) for j, st in jobs if st is not None]
+    unknown = "".join(f"<li><a class='mono' href='/jobs/{escape(j)}'>{escape(j)}</a></li>" for j, st in jobs if st is None)
+    body = side_by_side(known) if known else ("<p>no jobs yet</p>" if not unknown else "")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><meta http-equiv='refresh' content='{POLL_MS // 500}'>"
+            f"<title>swarmrl jobs</title><style>{CSS}</style></head><body><h1>swarmrl jobs</h1>{body}"
+            + (f"<ul>{unknown}</ul>" if unknown else "") + "</body></html>")
+
+
+def side_by_side(jobs: Sequence[tuple[str, pb.JobStatus]]) -> str:
+    """A table with one column per job (`jobs-side-by-side`) and each job's reward chart beside the others'."""
+    def row(label: str, cells: Sequence[str]) -> str:
+        return f"<tr><th class='l'>{escape(label)}</th>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>"
+
+    sts = [st for _, st in jobs]
+    last = [st.history[-1].reward_mean if st.history else math.nan for st in sts]
+    head = "".join(f"<th><a class='mono' href='/jobs/{escape(j)}'>{escape(j[:12])}</a></th>" for j, _ in jobs)
+    rows = [row("state", [escape(st.state) for st in sts]),
+            row("step", [f"{st.step}/{st.total_steps}" for st in sts]),
+            row("reward (last step)", [_f(r) for r in last]),
+            row("groups admitted", [str(st.groups_admitted) for st in sts]),
+            row("groups trained", [str(st.groups_trained) for st in sts]),
+            row("workers serving", [str(st.serving_workers) if st.HasField("serving_workers") else "-" for st in sts]),
+            row("peers submitting", [str(sum(1 for p in st.peers if p.groups_admitted)) for st in sts])]
+    charts = "".join(chart(f"reward, job {j[:12]}", [("mean reward", "#1f77b4", [float(m.step) for m in st.history],
+                                                      [m.reward_mean for m in st.history])]) for j, st in jobs)
+    return (f"<table class='jobs-side-by-side'><thead><tr><th class='l'>job</th>{head}</tr></thead>"
+            f"<tbody>{''.join(rows)}</tbody></table><div class='figs'>{charts}</div>")
 
 
 def panel(st: pb.JobStatus) -> str:

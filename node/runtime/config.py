@@ -23,6 +23,13 @@ from swarmrl.node.runtime.limits import GrpcLimits, RateLimits
 from swarmrl.protocol.delta_sources import MAX_PEER_ATTEMPTS, WAIT_RULE, waits_whole
 from swarmrl.protocol.market import MAX_WEIGHT
 from swarmrl.protocol.red_team_modes import MODES
+from swarmrl.protocol.snapshot_sources import (
+    KEEP_SNAPSHOTS,
+    MAX_STREAMS,
+    SNAPSHOT_RULE,
+    TRAINER_SNAPSHOT_STREAMS,
+    check_rule,
+)
 
 C = TypeVar("C", bound=BaseModel)
 
@@ -162,6 +169,9 @@ class TrainerConfig(_Config):
     # spare snapshots above that floor (periodic ones and those rebuilt on request)
     keep_versions: int = Field(8, ge=2)
     keep_snapshots: int = Field(3, ge=1)
+    # snapshot streams served to workers at once (protocol/snapshot_sources.py); past it a worker's
+    # snapshot request is refused RESOURCE_EXHAUSTED "snapshot_busy" and it asks peers again; 0: no bound
+    max_snapshot_streams: int = Field(TRAINER_SNAPSHOT_STREAMS, ge=0)
     # ops HTTP (node/ops/http_server.py): /metrics, and on a trainer the job pages; None = off, 0 = any free port
     metrics_port: int | None = Field(None, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
@@ -229,6 +239,11 @@ class WorkerConfig(_Config):
     sync_poll_s: float = Field(0.5, gt=0)   # how often to look for a newer version to prefetch
     keep_deltas: int = Field(16, ge=1)   # newest deltas kept (and served) per job
     keep_jobs: int = Field(8, ge=1)      # jobs whose updates are kept (those updated last; swarm.gossip.UpdateCache)
+    # snapshots served to late joiners (protocol/snapshot_sources.py): "rebuilt" serves the head this
+    # worker rebuilt, "received" only trainer-made snapshots it received (the rule before)
+    snapshot_rule: str = SNAPSHOT_RULE
+    keep_snapshots: int = Field(KEEP_SNAPSHOTS, ge=0)   # newest snapshot versions kept (and served) per job
+    max_snapshot_streams: int = Field(MAX_STREAMS, ge=0)   # snapshots served at once; more are refused "busy"
     linger_s: float = Field(2.0, ge=0)   # with exit_when_done: keep serving this long after the last job
     prefer_trainer: str | None = None    # peer id of the trainer to follow when it serves the job
     # job records announcing a weight above this are ignored (protocol/demand.check_demand)
@@ -251,6 +266,11 @@ class WorkerConfig(_Config):
     def _wait_rule(cls, rule: str) -> str:
         waits_whole(rule)   # raises ValueError naming the known rules
         return rule
+
+    @field_validator("snapshot_rule")
+    @classmethod
+    def _snapshot_rule(cls, rule: str) -> str:
+        return check_rule(rule)   # raises ValueError naming the known rules
 
     @field_validator("red_team")
     @classmethod

@@ -32,6 +32,7 @@ import contextlib
 import functools
 import logging
 import math
+import signal
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -275,11 +276,16 @@ class GradientAveraging:
         self.matchmaking_s = matchmaking_s
         self.allreduce_timeout_s = allreduce_timeout_s
         tensors = [torch.zeros_like(t, dtype=torch.float32, device="cpu") for t in template] + [torch.zeros(1)]
-        self.averager = ExactAverager(
-            tensors, dht, start=True, prefix=self.prefix, min_group_size=2, initial_group_bits="0" * VERSION_BITS,
-            min_matchmaking_time=matchmaking_s, request_timeout=min(1.0, matchmaking_s / 2),
-            next_chunk_timeout=chunk_timeout_s, allreduce_timeout=allreduce_timeout_s, declare_state_period=10.0,
-        )
+        ctrl_c = signal.getsignal(signal.SIGINT)   # hivemind's run_in_background sets SIG_IGN in *this* process
+        try:
+            self.averager = ExactAverager(
+                tensors, dht, start=True, prefix=self.prefix, min_group_size=2, initial_group_bits="0" * VERSION_BITS,
+                min_matchmaking_time=matchmaking_s, request_timeout=min(1.0, matchmaking_s / 2),
+                next_chunk_timeout=chunk_timeout_s, allreduce_timeout=allreduce_timeout_s, declare_state_period=10.0,
+            )
+        finally:   # so a trainer with cotrainers still stops on Ctrl-C (its handler from node.runtime.lifecycle)
+            if ctrl_c is not None:
+                signal.signal(signal.SIGINT, ctrl_c)
         self.peer_id = dht.peer_id
         self._target: int | None = None
 

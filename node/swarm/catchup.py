@@ -16,7 +16,15 @@ reads the holder records and asks a random holder (`delta_sources.waits_whole`; 
 at the first holder record it sees). A replica holding nothing or too far behind waits up to
 `peer_wait_s` for a peer to announce a snapshot, stopping at the first (whatever the rule).
 
-Verified updates are kept by the gossip node and served to others.
+Which snapshot, and from whom, is `protocol/snapshot_sources.py`'s rule: the nearest one a peer
+holds within `max_gap` (then the deltas after it), the trainer's only when no peer serves. A peer's
+snapshot is verified as a trainer's (`updates.open_snapshot`: the trainer-signed header of the
+version, the content address, the rebuilt adapter hash); one that fails is refused, counted by
+reason (`SyncStats.snapshot_refused`) and its peer dropped.
+
+Verified updates are kept by the gossip node and served to others; under the snapshot rule
+"rebuilt" (the default) the replica also keeps a snapshot of the version each catch-up ends at,
+made from its own state (`updates.rebuilt_snapshot`), so every peer that holds a head can serve it.
 """
 
 from __future__ import annotations
@@ -37,10 +45,17 @@ from swarmrl.node.swarm.gossip import GossipNode
 from swarmrl.node.swarm.holders import Holder, UpdateKey, find_holders
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol import delta_codec as dc
-from swarmrl.protocol import delta_sources, signing
+from swarmrl.protocol import delta_sources, signing, snapshot_sources
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.signing import signer_id
-from swarmrl.protocol.updates import AdapterReplica, ReceivedUpdate, assemble
+from swarmrl.protocol.updates import (
+    AdapterReplica,
+    ReceivedUpdate,
+    SnapshotRefused,
+    assemble,
+    open_snapshot,
+    rebuilt_snapshot,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +77,9 @@ FAILURES_TO_DROP = 3  # failed fetches (unreachable, stalled) after which a peer
 class SyncStats:
     """Where a replica's bytes came from (payload bytes), and when it first held each version.
     `rejected`: verified (signed, hash-matching) updates whose delta payload was malformed
-    (`delta_codec.DeltaFormatError`), never applied.
+    (`delta_codec.DeltaFormatError`), never applied. `snapshot_bytes`: snapshot payload bytes by
+    source ("peer", "trainer"); `snapshot_refused`: peers' snapshots that did not verify, by reason
+    (`snapshot_sources.REFUSALS`).
 
     Bounded for a worker that runs for days: `held_at` keeps the newest HELD_AT_KEPT versions,
     `dropped_peers` the newest PEERS_KEPT drops (a forgotten liar costs one more wasted fetch
@@ -75,6 +92,8 @@ class SyncStats:
     trainer_updates: int = 0
     snapshots: int = 0
     rejected: int = 0
+    snapshot_bytes: dict[str, int] = field(default_factory=lambda: dict.fromkeys(snapshot_sources.SOURCES, 0))
+    snapshot_refused: dict[str, int] = field(default_factory=dict)
     dropped_peers: dict[str, None] = field(default_factory=dict)   # in drop order (a set with an order)
     held_at: dict[int, float] = field(default_factory=dict)   # version -> unix seconds
     _failures: dict[str, int] = field(default_factory=dict, repr=False)   # peer -> failed fetches, newest last
@@ -112,6 +131,7 @@ class SyncStats:
         return {"bytes_from_peers": self.bytes_from_peers, "bytes_from_trainer": self.bytes_from_trainer,
                 "wasted_bytes": self.wasted_bytes, "peer_updates": self.peer_updates,
                 "trainer_updates": self.trainer_updates, "snapshots": self.snapshots, "rejected": self.rejected,
+                "snapshot_bytes": dict(self.snapshot_bytes), "snapshot_refused": dict(self.snapshot_refused),
                 "dropped_peers": sorted(self.dropped_peers),
                 "held_at": {str(v): round(t, 3) for v, t in sorted(self.held_at.items())}}
 
@@ -125,12 +145,15 @@ class CatchUp:
     gossip/dht: None to fetch from the trainer only (no peers).
     max_peer_attempts: peers asked per update in one `run` before the trainer (0: every holder;
     the snapshot, whichever version, counts as one update).
+    snapshot_rule: `snapshot_sources.SNAPSHOT_RULES`; "rebuilt" keeps (and so serves) a snapshot of
+    the version each run ends at, made from the replica's state.
     """
 
     def __init__(self, replica: AdapterReplica, *, trainer: AdapterFetcher, signers: Callable[[], set[str]],
                  gossip: GossipNode | None = None, dht: hivemind.DHT | None = None, max_gap: int = 8,
                  peer_wait_s: float = 1.0, max_peer_attempts: int = delta_sources.MAX_PEER_ATTEMPTS,
-                 wait_rule: str = delta_sources.WAIT_RULE, rng: random.Random | None = None) -> None:
+                 wait_rule: str = delta_sources.WAIT_RULE, rng: random.Random | None = None,
+                 snapshot_rule: str = snapshot_sources.SNAPSHOT_RULE) -> None:
         delta_sources.needs_snapshot(0, 0, max_gap)   # raises ValueError unless max_gap >= 1
         delta_sources.attempts_left(max_peer_attempts, 0)
         delta_sources.wait_ceiling_s(peer_wait_s, wait_rule, 0)   # raises ValueError for an unknown rule
@@ -138,6 +161,8 @@ class CatchUp:
         self.gossip, self.dht = gossip, dht
         self.max_gap, self.peer_wait_s, self.max_peer_attempts = max_gap, peer_wait_s, max_peer_attempts
         self.wait_rule = wait_rule
+        self.snapshot_rule = snapshot_sources.check_rule(snapshot_rule)
+        self._last: ReceivedUpdate | None = None   # the update that produced the replica's version
         self.rng = rng or random.Random()
         self.stats = SyncStats()
         self._asked: dict[UpdateKey, int] = {}   # peer fetches per update in the current run (snapshots: _SNAPSHOT)
@@ -163,11 +188,26 @@ class CatchUp:
         with self._lock:
             if self.replica.version >= want:
                 return
+            start = self.replica.version
             try:
                 self._run(want)
             finally:
                 if self.gossip is not None:
+                    if self.replica.version > start:
+                        self._hold_head()
                     self.gossip.announce(self.job_id)
+
+    def _hold_head(self) -> None:
+        """Keep a snapshot of the version reached, made from the replica's own state (rule
+        "rebuilt"; a received snapshot is held already)."""
+        last = self._last
+        if (self.snapshot_rule != "rebuilt" or last is None or last.header.snapshot or self.gossip is None
+                or self.replica.state is None or int(last.header.to_version) != self.replica.version):
+            return
+        try:
+            self.gossip.hold(rebuilt_snapshot(last, self.replica.state))
+        except ad.AdapterError as exc:   # cannot happen after a verified apply; never worth a crash
+            log.warning("job %s: no snapshot of v%d to serve: %s", self.job_id[:12], self.replica.version, exc)
 
     def _run(self, want: int) -> None:
         self._asked = {}
@@ -234,9 +274,11 @@ class CatchUp:
         return delta_sources.candidates(holders.get(key, []), me=me, dropped=self.stats.dropped_peers, signers=signers)
 
     def _near_snapshots(self, want: int, holders: dict[UpdateKey, list[Holder]]) -> list[int]:
-        """Versions of snapshots peers hold that are newer than ours and within `max_gap` of `want`."""
-        return sorted((v for v, snap in holders if snap and max(want - self.max_gap, self.replica.version + 1) <= v
-                       <= want and self._candidates((v, True), holders)), reverse=True)
+        """Versions of snapshots peers hold that are newer than ours and within `max_gap` of `want`,
+        nearest first (`snapshot_sources.peer_snapshot_versions`)."""
+        offered = [v for v, snap in holders if snap and self._candidates((v, True), holders)]
+        return snapshot_sources.peer_snapshot_versions(offered, have=self.replica.version, want=want,
+                                                       max_gap=self.max_gap)
 
     def _snapshot_from_peers(self, want: int, holders: dict[UpdateKey, list[Holder]]) -> bool:
         """The newest snapshot peers hold within `max_gap` of `want` (deltas follow from there)."""
@@ -273,6 +315,13 @@ class CatchUp:
             return False  # it no longer holds it
         try:
             update = self._verified_one(got, key, holder.payload_sha256)
+        except SnapshotRefused as exc:
+            self.stats.snapshot_refused[exc.reason] = self.stats.snapshot_refused.get(exc.reason, 0) + 1
+            if exc.reason == "untrusted":   # a genuine update we don't accept (yet): not a lie
+                self.stats.wasted_bytes += size
+            else:
+                self._drop(holder, size, str(exc))
+            return False
         except UntrustedSigner as exc:      # a genuine update we don't accept (yet): not a lie
             self.stats.wasted_bytes += size
             log.info("job %s: v%d from %s: %s", self.job_id[:12], version, holder.holder_id[:8], exc)
@@ -288,9 +337,13 @@ class CatchUp:
             return False
         self.stats.bytes_from_peers += len(update.payload)
         self.stats.peer_updates += 1
+        if snapshot:
+            self.stats.snapshot_bytes["peer"] += len(update.payload)
         return True
 
     def _verified_one(self, got: list[pb.AdapterChunk], key: UpdateKey, sha: bytes) -> ReceivedUpdate:
+        if key[1]:   # a snapshot: the trainer's, re-served, or a peer's rebuilt one
+            return open_snapshot(got, self.signers(), job_id=self.job_id, version=key[0], payload_sha256=sha)
         first = got[0].header if got[0].HasField("header") else None
         if first is not None and len(first.public_key) == 32 and signer_id(first) not in self.signers():
             try:
@@ -329,6 +382,8 @@ class CatchUp:
     def _count_trainer(self, update: ReceivedUpdate) -> None:
         self.stats.bytes_from_trainer += len(update.payload)
         self.stats.trainer_updates += 1
+        if update.header.snapshot:
+            self.stats.snapshot_bytes["trainer"] += len(update.payload)
 
     # ---- both
     def _apply(self, update: ReceivedUpdate) -> None:
@@ -340,5 +395,6 @@ class CatchUp:
         if update.header.snapshot:
             self.stats.snapshots += 1
         self.stats.note_held(self.replica.version, time.time())
+        self._last = update
         if self.gossip is not None:
             self.gossip.hold(update)

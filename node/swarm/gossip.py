@@ -6,6 +6,10 @@ snapshots per job) in an `UpdateCache`, serves them under the libp2p protocol
 the trainer's gRPC `FetchAdapter` streams) and announces them in the DHT (`swarm.holders`). The
 node reuses the DHT's libp2p daemon (`DHT.replicate_p2p`) from an asyncio loop in a background
 thread. Bytes served and fetched are counted per job.
+
+Snapshots are served under a bound so serving never starves the peer's own work: at most
+`max_snapshot_streams` at once (`snapshot_sources.admits_stream`); a request past it gets an empty
+answer at once (the asker tries its next holder) and is counted in `snapshot_refused[job]`.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from hivemind.utils.multiaddr import Multiaddr
 
 from swarmrl.node.swarm.dht import REFRESH_S
 from swarmrl.node.swarm.holders import announce_holdings
+from swarmrl.protocol import snapshot_sources
 from swarmrl.protocol.blobs import blob_chunks
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -117,16 +122,24 @@ class UpdateCache:
 
 class GossipNode:
     """Serves a peer's `UpdateCache` over libp2p, fetches updates from other peers and announces
-    its holdings in the DHT. `served[job]` counts payload bytes sent to other peers.
+    its holdings in the DHT. `served[job]` counts payload bytes sent to other peers, of which
+    `snapshot_served[job]` snapshots; `snapshot_refused[job]` the snapshot requests it refused at its
+    stream bound ("busy").
 
     dialable: False for a peer that accepts no inbound connections (DHT client mode, behind NAT):
-    it still fetches from peers but never announces holdings (nobody could fetch them)."""
+    it still fetches from peers but never announces holdings (nobody could fetch them).
+    max_snapshot_streams: snapshot streams served at once (0: none; see the module docstring)."""
 
     def __init__(self, dht: hivemind.DHT, identity: Identity, cache: UpdateCache | None = None, *,
-                 dialable: bool = True) -> None:
+                 dialable: bool = True, max_snapshot_streams: int = snapshot_sources.MAX_STREAMS) -> None:
+        snapshot_sources.admits_stream(0, max_snapshot_streams)   # raises ValueError when negative
         self.dht, self.identity, self.dialable = dht, identity, dialable
         self.cache = cache or UpdateCache()
         self.served: Counter[str] = Counter()
+        self.snapshot_served: Counter[str] = Counter()
+        self.snapshot_refused: Counter[str] = Counter()
+        self.max_snapshot_streams = max_snapshot_streams
+        self._snapshot_streams = 0   # snapshot streams being served (read and written on the loop only)
         self._loop = LoopThread("swarmrl-gossip")
         self.p2p: hivemind.P2P = self._loop.run(self._start(), timeout=60)
         self.libp2p_peer_id: bytes = self.p2p.peer_id.to_bytes()
@@ -177,10 +190,25 @@ class GossipNode:
         update = self.cache.get(req.job_id, int(req.version), bool(req.snapshot))
         if update is None or (req.payload_sha256 and req.payload_sha256 != update.header.payload_sha256):
             return
-        with self._lock:
-            self.served[req.job_id] += len(update.payload)
-        for chunk in chunks(update.envelope, update.payload):
-            yield chunk
+        if not req.snapshot:
+            with self._lock:
+                self.served[req.job_id] += len(update.payload)
+            for chunk in chunks(update.envelope, update.payload):
+                yield chunk
+            return
+        if not snapshot_sources.admits_stream(self._snapshot_streams, self.max_snapshot_streams):
+            with self._lock:
+                self.snapshot_refused[req.job_id] += 1
+            return
+        self._snapshot_streams += 1
+        try:
+            with self._lock:
+                self.served[req.job_id] += len(update.payload)
+                self.snapshot_served[req.job_id] += len(update.payload)
+            for chunk in chunks(update.envelope, update.payload):
+                yield chunk
+        finally:
+            self._snapshot_streams -= 1
 
     def fetch(self, libp2p_peer_id: bytes, req: pb.UpdateRequest, timeout_s: float = 30.0,
               maddrs: tuple[str, ...] = ()) -> list[pb.AdapterChunk]:
@@ -249,6 +277,11 @@ class GossipNode:
         """Payload bytes of the job's updates this node has sent to other peers."""
         with self._lock:
             return self.served[job_id]
+
+    def snapshot_served_bytes(self, job_id: str) -> int:
+        """Payload bytes of the job's snapshots this node has sent to other peers."""
+        with self._lock:
+            return self.snapshot_served[job_id]
 
     def shutdown(self) -> None:
         """Drop the protocol handler, stop the libp2p daemon and the loop (best effort; never raises)."""

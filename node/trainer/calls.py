@@ -17,6 +17,7 @@ backs off and resends the same signed batch. Refusals are counted per job (`JobS
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -26,7 +27,7 @@ from swarmrl.node.net.call_status import CallRefused
 from swarmrl.node.net.rate_limits import Kind, RateLimiter, retry_ms
 from swarmrl.node.runtime.limits import RateLimits
 from swarmrl.node.trainer.status import job_status
-from swarmrl.protocol import signing
+from swarmrl.protocol import signing, snapshot_sources
 from swarmrl.protocol.admission import claimed_job_id
 from swarmrl.protocol.blobs import blob_chunks
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -34,10 +35,13 @@ from swarmrl.protocol.updates import VersionNotKept, chunks
 
 if TYPE_CHECKING:
     from swarmrl.node.trainer.hosting import Trainer
+    from swarmrl.node.trainer.job import JobRuntime
 
 log = logging.getLogger(__name__)
 DEFAULT_SAMPLE = 16   # admitted batches a SampleAdmitted call gets when it asks for none
 MAX_SAMPLE = 256      # the most it may ask for
+SNAPSHOT_BUSY = "snapshot_busy"   # a worker's snapshot request refused at max_snapshot_streams
+SNAPSHOT_RETRY_MS = 500           # its retry hint: the worker's next look at the peers
 
 
 class TrainerCalls:
@@ -47,6 +51,8 @@ class TrainerCalls:
     def __init__(self, trainer: Trainer, rate_limits: RateLimits | None = None) -> None:
         self.trainer = trainer
         self.limiter = RateLimiter(rate_limits or RateLimits())
+        self._snapshot_streams = 0   # snapshot streams to workers being served (under _lock)
+        self._lock = threading.Lock()
 
     def _throttled(self, kind: Kind, job_id: str, address: str, peer_id: str = "") -> tuple[str, int]:
         """(reason, retry hint ms) if the address (or, given, the verified peer) is over its
@@ -107,11 +113,16 @@ class TrainerCalls:
 
         Raises:
             CallRefused: NOT_FOUND for an unknown job; OUT_OF_RANGE for a version no longer kept
-                (pruned, `retention.py`: unlike a never-published version, which yields nothing).
+                (pruned, `retention.py`: unlike a never-published version, which yields nothing);
+                RESOURCE_EXHAUSTED "snapshot_busy" for a worker's snapshot request past the
+                trainer's `max_snapshot_streams` (`_start_snapshot`).
         """
         job = self.trainer.jobs.get(request.job_id)
         if job is None:
             raise CallRefused(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")
+        bounded = request.snapshot and request.requester == "worker"
+        if bounded:
+            self._start_snapshot(job)
         try:
             for update in job.updates(request):
                 self.trainer.count_upload(len(update.payload))
@@ -119,6 +130,25 @@ class TrainerCalls:
                 yield from chunks(update.header, update.payload)
         except VersionNotKept as exc:
             raise CallRefused(grpc.StatusCode.OUT_OF_RANGE, str(exc)) from exc
+        finally:
+            if bounded:
+                with self._lock:
+                    self._snapshot_streams -= 1
+
+    def _start_snapshot(self, job: JobRuntime) -> None:
+        """Count one more snapshot stream to a worker, or refuse it at the trainer's bound
+        (`max_snapshot_streams`, `snapshot_sources.admits_stream`; 0: no bound), counted against the job.
+
+        Raises:
+            CallRefused: RESOURCE_EXHAUSTED "snapshot_busy" with a retry hint (ask peers meanwhile)."""
+        bound = self.trainer.cfg.max_snapshot_streams
+        with self._lock:
+            if bound and not snapshot_sources.admits_stream(self._snapshot_streams, bound):
+                job.admission.count_refusal(SNAPSHOT_BUSY)
+                raise CallRefused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                  f"{SNAPSHOT_BUSY}: {bound} snapshot streams open; fetch one from a peer",
+                                  SNAPSHOT_RETRY_MS)
+            self._snapshot_streams += 1
 
     def fetch_dataset(self, request: pb.UpdateRequest) -> Iterator[pb.AdapterChunk]:
         """A hosted job's data-set file by its sha256 (`payload_sha256`), as chunks.

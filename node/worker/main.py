@@ -168,7 +168,7 @@ class Worker:
                     datasets=self.datasets, dataset_stats=self.dataset_stats, grade_timeout_s=self.cfg.grade_timeout_s,
                     gossip=self.gossip, dht=self.dht if self.gossip is not None else None, max_gap=self.cfg.max_gap,
                     peer_wait_s=self.cfg.peer_wait_s, max_peer_attempts=self.cfg.max_peer_attempts,
-                    wait_rule=self.cfg.wait_rule, receipts=self.receipts)
+                    wait_rule=self.cfg.wait_rule, snapshot_rule=self.cfg.snapshot_rule, receipts=self.receipts)
             except BaseException:
                 trainer.close()
                 raise
@@ -414,8 +414,9 @@ def run(cfg: WorkerConfig) -> None:
     preflight(cfg)   # what --dry-run checks: ports, base models
     stop, identity = start_role("worker", cfg.key, cfg.threads)
     dht = join_swarm(cfg.net)
-    cache = UpdateCache(keep_deltas=cfg.keep_deltas, keep_jobs=cfg.keep_jobs)
-    gossip = GossipNode(dht, identity, cache, dialable=not cfg.net.client_mode) if cfg.gossip else None
+    cache = UpdateCache(keep_deltas=cfg.keep_deltas, keep_snapshots=cfg.keep_snapshots, keep_jobs=cfg.keep_jobs)
+    gossip = (GossipNode(dht, identity, cache, dialable=not cfg.net.client_mode,
+                         max_snapshot_streams=cfg.max_snapshot_streams) if cfg.gossip else None)
     worker = Worker(cfg, identity, dht, gossip)
     ops = start_metrics(cfg.metrics_host, cfg.metrics_port, worker.metrics)
     worker.ops_urls = metrics_urls(ops)

@@ -1,6 +1,7 @@
 """A worker's Prometheus metrics, read from its job sessions at scrape time: tokens/s, rollouts
 generated, graded, submitted, refused by reason, receipts kept and refused, adapter catch-up latency,
-version lag, adapter bytes from peers vs the trainer; and, from the start, before any job: jobs
+version lag, adapter bytes from peers vs the trainer, snapshot bytes fetched by source, served and
+refused; and, from the start, before any job: jobs
 active, finished and skipped, and data-set fetches by source.
 
 A labelled series the role knows the labels of is exposed at 0 from the start (`with_known`),
@@ -15,8 +16,11 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import Metric
 
 from swarmrl.node.ops.metrics import Families, with_known
+from swarmrl.node.swarm.catchup import SyncStats
 from swarmrl.node.swarm.datasets import DatasetFetchStats
+from swarmrl.node.swarm.gossip import GossipNode
 from swarmrl.protocol.receipts import REASONS as RECEIPT_REASONS
+from swarmrl.protocol.snapshot_sources import REFUSALS, SOURCES
 
 if TYPE_CHECKING:
     from swarmrl.node.worker.session import JobSession
@@ -101,3 +105,20 @@ def session_families(f: Families, job_id: str, session: JobSession | SimpleNames
               sync.rejected)
     served = session.sync.gossip.served_bytes(job_id) if session.sync.gossip is not None else 0
     f.counter(P + "adapter_served_bytes_total", "adapter payload bytes this worker served to peers", j, served)
+    snapshot_families(f, j, sync, session.sync.gossip)
+
+
+def snapshot_families(f: Families, j: dict[str, str], sync: SyncStats, gossip: GossipNode | None) -> None:
+    """Snapshot bytes fetched by source (peer, trainer), served to peers, and refused (a peer's
+    that did not verify, by reason; requests this worker refused as busy), for one job `j`."""
+    for source, n in with_known(sync.snapshot_bytes, SOURCES):
+        f.counter(P + "snapshot_fetched_bytes_total", "adapter snapshot payload bytes received, by source",
+                  {**j, "source": source}, n)
+    f.counter(P + "snapshot_served_bytes_total", "adapter snapshot payload bytes this worker served to peers", j,
+              gossip.snapshot_served_bytes(j["job_id"]) if gossip is not None else 0)
+    refused = dict(sync.snapshot_refused)
+    if gossip is not None:
+        refused["busy"] = gossip.snapshot_refused[j["job_id"]]
+    for reason, n in with_known(refused, REFUSALS):
+        f.counter(P + "snapshot_refused_total", "adapter snapshots refused: a peer's that did not verify, or "
+                  "requests this worker refused at its stream bound (busy), by reason", {**j, "reason": reason}, n)

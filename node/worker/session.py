@@ -31,7 +31,7 @@ from swarmrl.node.worker.engine import with_recovery
 from swarmrl.node.worker.episodes import episode_groups
 from swarmrl.node.worker.receipts import ReceiptStore
 from swarmrl.node.worker.stats import SessionStats
-from swarmrl.protocol import delta_sources, signing
+from swarmrl.protocol import delta_sources, signing, snapshot_sources
 from swarmrl.protocol.envs import PromptSpec, job_environment
 from swarmrl.protocol.envs.episode import EpisodeEnv
 from swarmrl.protocol.identity import Identity, peer_id_from_public_key
@@ -74,6 +74,7 @@ class JobSession:
                  max_prompts: int, grade_timeout_s: float, gossip: GossipNode | None = None,
                  dht: hivemind.DHT | None = None, max_gap: int = MAX_GAP, peer_wait_s: float = 1.0,
                  max_peer_attempts: int = delta_sources.MAX_PEER_ATTEMPTS, wait_rule: str = delta_sources.WAIT_RULE,
+                 snapshot_rule: str = snapshot_sources.SNAPSHOT_RULE,
                  datasets: DatasetStore | None = None, dataset_stats: DatasetFetchStats | None = None,
                  receipts: ReceiptStore | None = None) -> None:
         self.spec = JobSpec.from_json(record.spec_json)
@@ -89,7 +90,7 @@ class JobSession:
         self.replica = AdapterReplica(record.job_id, bytes(record.trainer_public_key))
         self.sync = CatchUp(self.replica, trainer=trainer, signers=self.signers, gossip=gossip, dht=dht,
                             max_gap=max_gap, peer_wait_s=peer_wait_s, max_peer_attempts=max_peer_attempts,
-                            wait_rule=wait_rule)
+                            wait_rule=wait_rule, snapshot_rule=snapshot_rule)
         self.loaded_version = -1   # the version the backend generates with
         self.grader = grader_for(self.spec, grade_timeout_s)
         self.stats = SessionStats()

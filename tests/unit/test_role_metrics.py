@@ -71,7 +71,9 @@ def test_worker_metrics_read_the_sessions() -> None:
     stats.leases_refused["busy"] += 1
     stats.caught_up(0.5)
     session = SimpleNamespace(stats=stats, record=pb.JobRecord(head_version=5), replica=SimpleNamespace(version=3),
-                              sync=SimpleNamespace(stats=SimpleNamespace(bytes_from_peers=10, bytes_from_trainer=20, rejected=1),
+                              sync=SimpleNamespace(stats=_sync(bytes_from_peers=10, bytes_from_trainer=20, rejected=1,
+                                                                               snapshot_bytes={"peer": 7, "trainer": 3},
+                                                                               snapshot_refused={"adapter_hash": 2}),
                                                    gossip=None))
     got = _scrape(lambda: worker_metrics({"j1": session}, {}))
     j = (("job_id", "j1"),)
@@ -84,6 +86,18 @@ def test_worker_metrics_read_the_sessions() -> None:
     assert got[("swarmrl_worker_adapter_catchup_seconds_total", j)] == 0.5
     assert got[("swarmrl_worker_adapter_received_bytes_total", (("job_id", "j1"), ("source", "peer")))] == 10
     assert got[("swarmrl_worker_adapter_deltas_rejected_total", j)] == 1
+    assert got[("swarmrl_worker_snapshot_fetched_bytes_total", (("job_id", "j1"), ("source", "peer")))] == 7
+    assert got[("swarmrl_worker_snapshot_fetched_bytes_total", (("job_id", "j1"), ("source", "trainer")))] == 3
+    assert got[("swarmrl_worker_snapshot_refused_total", (("job_id", "j1"), ("reason", "adapter_hash")))] == 2
+    assert got[("swarmrl_worker_snapshot_refused_total", (("job_id", "j1"), ("reason", "busy")))] == 0
+    assert got[("swarmrl_worker_snapshot_served_bytes_total", j)] == 0
+
+
+def _sync(**counts: object) -> object:
+    """A worker session's real catch-up counters (`catchup.SyncStats`) with `counts` set."""
+    from swarmrl.node.swarm.catchup import SyncStats
+
+    return SyncStats(**counts)  # type: ignore[arg-type]
 
 
 def test_validator_metrics_read_the_tallies() -> None:
@@ -122,8 +136,7 @@ def test_a_fresh_worker_exposes_its_series_before_any_job(model_cache, tmp_path)
         assert got[("swarmrl_worker_dataset_fetches_total", (("source", source),))] == 0
     assert got[("swarmrl_worker_dataset_transfers_refused_total", ())] == 0
     session = SimpleNamespace(stats=SessionStats(), record=pb.JobRecord(), replica=SimpleNamespace(version=0),
-                              sync=SimpleNamespace(stats=SimpleNamespace(bytes_from_peers=0, bytes_from_trainer=0,
-                                                                         rejected=0), gossip=None))
+                              sync=SimpleNamespace(stats=_sync(), gossip=None))
     fresh = _scrape(lambda: worker_metrics({"j1": session}, {}))
     assert fresh[("swarmrl_worker_groups_dropped_total", (("job_id", "j1"), ("reason", "nonfinite_logprobs")))] == 0
 

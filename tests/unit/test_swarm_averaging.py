@@ -3,7 +3,10 @@ averagers, the shareable trainer state, the cotrainer rules and disjoint prompt 
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 
 import pytest
 import torch
@@ -61,6 +64,25 @@ def test_members_get_bit_identical_weighted_averages_without_the_nan_peer(averag
     assert torch.allclose(outs[0].averaged[0], all_three, atol=1e-6)
     assert torch.allclose(outs[0].averaged[1], without_nan, atol=1e-6)
     assert sum(len(o.excluded) for o in outs) >= 1
+
+
+def test_starting_an_averager_keeps_this_process_s_ctrl_c_handler():
+    """hivemind's `run_in_background` sets SIGINT to SIG_IGN in the calling process; a trainer with
+    cotrainers would then ignore Ctrl-C. GradientAveraging puts the handler back."""
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: seen.append(signum))
+    dht = start_dht()
+    try:
+        avg = GradientAveraging(dht, "job-sigint", [torch.zeros(3)], matchmaking_s=1.0)
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)   # the handler runs between bytecodes of the main thread
+            assert seen == [signal.SIGINT]
+        finally:
+            avg.shutdown()
+    finally:
+        dht.shutdown()
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_round_without_weight_agrees_on_zeros(averagers):
