@@ -46,9 +46,27 @@ def check_chain(envelopes: Sequence[pb.Signed], *, job_id: str, trainer_id: str,
     try:
         return credit.verify_chain(envelopes, job_id=job_id, trainer_id=trainer_id), []
     except credit.CreditError as exc:
-        good = credit.verify_chain([e for e in envelopes if _version(e) < exc.version], job_id=job_id,
-                                   trainer_id=trainer_id) if exc.version else []
-        return good, [finding(exc.reason, version=exc.version, detail=exc.detail or str(exc))]
+        before = [e for e in envelopes if _version(e) < exc.version] if exc.version else \
+            envelopes[:_first_unreadable(envelopes, job_id, trainer_id)]
+        good = credit.verify_chain(before, job_id=job_id, trainer_id=trainer_id)
+        return good, [finding(exc.reason, version=exc.version or _version_after(good),
+                              detail=exc.detail or str(exc))]
+
+
+def _first_unreadable(envelopes: Sequence[pb.Signed], job_id: str, trainer_id: str) -> int:
+    """Index of the first statement refused on its own (a failure without a version: a bad
+    signature, or a body that does not parse); len(envelopes) if none is."""
+    for i, env in enumerate(envelopes):
+        try:
+            credit.verify_statement(env, job_id=job_id, trainer_id=trainer_id)
+        except credit.CreditError:
+            return i
+    return len(envelopes)
+
+
+def _version_after(good: Sequence[pb.ContributionStatement]) -> int:
+    """The version an unreadable statement after the verified run `good` stands for."""
+    return good[-1].version + 1 if good else 0
 
 
 def _version(envelope: pb.Signed) -> int:
@@ -117,7 +135,7 @@ def check_receipts(envelopes: Iterable[pb.Signed], statements: Sequence[pb.Contr
     (or that does not parse) is refused (`forged_receipt`): it proves nothing; a receipt of
     another job, or signed by another key (a cotrainer's), is not this chain's and is skipped."""
     stated: set[tuple[bytes, int]] = {(bytes(e.batch_id), i) for st in statements
-                                      for e in (*st.batches, *st.dropped) for i in e.prompt_indices}
+                                      for e in credit.entries(st) for i in e.prompt_indices}
     head = statements[-1].version if statements else 0
     findings, checked, pending = [], 0, 0
     for env in envelopes:

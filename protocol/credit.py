@@ -158,7 +158,7 @@ def verify_statement(envelope: pb.Signed, *, job_id: str, trainer_id: str) -> pb
         raise CreditError(WRONG_TRAINER, f"signed by {signer[:16]}, the job's trainer is {trainer_id[:16]}", v)
     if st.job_id != job_id:
         raise CreditError(WRONG_JOB, f"statement of job {st.job_id[:16]!r}, audited {job_id[:16]!r}", v)
-    for entry in (*st.batches, *st.dropped):
+    for entry in entries(st):
         if len(entry.batch_id) != 32:
             raise CreditError(BAD_BATCH_ID, f"batch id of {len(entry.batch_id)} bytes", v)
         if not _strictly_ascending(entry.prompt_indices) or not entry.prompt_indices:
@@ -177,6 +177,12 @@ def verify_statement(envelope: pb.Signed, *, job_id: str, trainer_id: str) -> pb
         raise CreditError(COUNTS_MISMATCH, f"totals say {st.groups} groups / {st.tokens} tokens, the batches "
                                            f"{groups} / {tokens}", v)
     return st
+
+
+def entries(statement: pb.ContributionStatement) -> list[pb.CreditedBatch | pb.DroppedGroups]:
+    """The statement's credited batches, then its dropped entries (each names a batch id, a
+    peer and prompt indices)."""
+    return [*statement.batches, *statement.dropped]
 
 
 def _strictly_ascending(items: Sequence[Any]) -> bool:
@@ -214,7 +220,7 @@ def verify_chain(envelopes: Sequence[pb.Signed], *, job_id: str, trainer_id: str
             if st.first_version != before.first_version:
                 raise CreditError(BROKEN_CHAIN, f"first_version changed from {before.first_version} to "
                                                 f"{st.first_version}", v)
-        for entry in (*st.batches, *st.dropped):
+        for entry in entries(st):
             for i in entry.prompt_indices:
                 if i in seen:
                     raise CreditError(DUPLICATE_CREDIT, f"prompt index {i} in version {v}, already in version "

@@ -6,6 +6,9 @@ briefly (`AUDIT_BACKOFF`): an unreachable trainer fails fast. Checks are `protoc
 from __future__ import annotations
 
 from collections.abc import Iterable
+from functools import partial
+
+from google.protobuf.message import DecodeError
 
 from swarmrl.node.net.grpc_retry import Backoff, call_with_backoff, stream_with_backoff
 from swarmrl.node.submitter.client import stub
@@ -39,11 +42,11 @@ class AuditClient:
         while len(out) < MAX_STATEMENTS:
             req = pb.StatementRequest(job_id=job_id, after_version=after, max_statements=PAGE)
             page: pb.StatementList = call_with_backoff(
-                lambda req=req: self.trainer.FetchStatements(req, timeout=self.timeout_s), AUDIT_BACKOFF)
+                partial(self.trainer.FetchStatements, req, timeout=self.timeout_s), AUDIT_BACKOFF)
             if not page.statements:
                 break
             out += page.statements
-            after = max(after + 1, pb.ContributionStatement.FromString(page.statements[-1].body).version)
+            after = max(after + 1, *(_version(e) for e in page.statements))
         return out
 
     def batches(self, job_id: str, batch_ids: Iterable[str]) -> dict[str, pb.AdmittedBatch]:
@@ -54,7 +57,7 @@ class AuditClient:
         ids, out = list(batch_ids), {}
         for lo in range(0, len(ids), SAMPLE_PAGE):
             req = pb.SampleRequest(job_id=job_id, batch_ids=ids[lo:lo + SAMPLE_PAGE], max_batches=SAMPLE_PAGE)
-            for ab in stream_with_backoff(lambda req=req: self.trainer.SampleAdmitted(req, timeout=self.timeout_s),
+            for ab in stream_with_backoff(partial(self.trainer.SampleAdmitted, req, timeout=self.timeout_s),
                                           AUDIT_BACKOFF):
                 out[envelope_id(ab.batch)] = ab
         return out
@@ -72,3 +75,12 @@ class AuditClient:
         except Exception:  # noqa: BLE001 - OUT_OF_RANGE (pruned) or a bad stream: not available
             return None
         return None
+
+
+def _version(envelope: pb.Signed) -> int:
+    """The version a served statement claims; 0 when its body does not parse (a trainer can serve
+    anything: the chain check refuses it, paging goes on past the page's highest version)."""
+    try:
+        return int(pb.ContributionStatement.FromString(envelope.body).version)
+    except DecodeError:
+        return 0
