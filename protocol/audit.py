@@ -121,8 +121,9 @@ def due(policy_version: int, head_version: int, max_async_level: int, final_vers
     """Whether a group admitted at job version `policy_version` must be in the chain by the
     statement of `head_version`: by version p + A + 2 it was trained or dropped as stale (a step
     drops stale groups before it trains: `JobRuntime.ready`); in a finished job (statement of its
-    last version `final_version` present) every group admitted before that version is."""
-    if final_version is not None and head_version >= final_version and policy_version < final_version:
+    last version `final_version` present) every admitted group is: the last step lists the
+    groups still pending as dropped, and a done job admits no batch."""
+    if final_version is not None and head_version >= final_version and policy_version <= final_version:
         return True
     return head_version >= policy_version + max_async_level + 2
 

@@ -195,6 +195,8 @@ class Admission:
             return self._refuse(batch_id, signer, adm.UNKNOWN_JOB, max(1, len(batch.groups)))
         now = self.now_ms()
         with self.gate:
+            if self.done():   # its groups would never be trained: no receipt may promise them (`JobRuntime.train_step`)
+                return self._refuse(batch_id, signer, adm.JOB_DONE, max(1, len(batch.groups)))
             self.bans.expire(now)
             lease = self.leases.get(batch.lease_id) or self.ledger.lease(batch.lease_id)
             reason = adm.check_batch_envelope(

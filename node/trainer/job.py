@@ -275,7 +275,8 @@ class JobRuntime:
         else:
             self.publish(self.learner.state())
         if self.done:   # nothing trains the groups still pending: the last statement lists them dropped
-            self.ledger.drop_pending(self.job_id, note=JOB_DONE, keep=[p.row_id for p in batch])
+            with self.admission.gate:   # admission refuses a done job's batches: none is admitted after this
+                self.ledger.drop_pending(self.job_id, note=JOB_DONE, keep=[p.row_id for p in batch])
         self.statements.state(self.version, [p.row_id for p in batch])   # marks them trained, atomically
         self.compact_ledger()
         self.checkpoint()
