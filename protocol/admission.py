@@ -25,6 +25,7 @@ LEASE_PEER_MISMATCH = "lease_peer_mismatch"
 LEASE_EXPIRED = "lease_expired"
 REPLAY = "replay"
 OVERSIZED = "oversized"
+JOB_DONE = "job_done"   # the job took its last step: nothing would train the groups
 # Group-level reasons.
 NOT_IN_LEASE = "not_in_lease"
 DUPLICATE_GROUP = "duplicate_group"

@@ -26,8 +26,10 @@ VERDICTS = "verdicts"
 DELTA_HOLDER = "delta-holder"
 WORKER_ENVS = "worker-envs"
 BATCH_RECEIPT = "batch-receipt"
+CONTRIBUTION = "contribution"
+AUDIT_REPORT = "audit-report"
 DOMAINS = frozenset({JOB, JOB_RECORD, LEASE_REQUEST, ROLLOUT_BATCH, ADAPTER_UPDATE, VERDICTS, DELTA_HOLDER,
-                     WORKER_ENVS, BATCH_RECEIPT})
+                     WORKER_ENVS, BATCH_RECEIPT, CONTRIBUTION, AUDIT_REPORT})
 
 M = TypeVar("M", bound=Message)
 

@@ -12,6 +12,7 @@
     swarmrl dashboard --trainer HOST:PORT [--trainer ...] [--job JOB] [--port N]
     swarmrl eval [JOB.toml] --adapter DIR
     swarmrl env list | swarmrl env check JOB.toml
+    swarmrl audit JOB --trainer HOST:PORT [--receipts PATH] [--json] [--report FILE]
 
 Arguments, files and configs are checked before torch, transformers, hivemind or peft are
 imported (commands import them lazily), so a typo is reported in a fraction of a second. Every
@@ -31,6 +32,7 @@ from typing import NoReturn, TypeAlias
 
 from pydantic import BaseModel
 
+from swarmrl.node.cli import audit as audit_command
 from swarmrl.node.cli.checks import (
     EXIT_USAGE,
     THREAD_ROLES,
@@ -202,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--host", default="127.0.0.1", help="where the page listens (loopback unless told)")
     d.add_argument("--port", type=int, default=8080, help="0: any free port")
     _env_parser(sub)
+    audit_command.add_parser(sub, _add)
     return parser
 
 
@@ -408,10 +411,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"keygen": cmd_keygen, "submit": cmd_submit, "status": cmd_status, "fetch": cmd_fetch, "up": cmd_up,
-            "eval": cmd_eval, "dashboard": cmd_dashboard, "env": cmd_env, **{r: cmd_role for r in ROLES}}
-
-
 def cmd_simulate(args: argparse.Namespace) -> int:
     """Run the swarm simulator (simulations/); returns its exit code."""
     from swarmrl.simulations.run import main as simulate_main  # lazily: no torch, no hivemind
@@ -419,7 +418,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return simulate_main(args)
 
 
-COMMANDS["simulate"] = cmd_simulate
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"keygen": cmd_keygen, "submit": cmd_submit, "status": cmd_status, "fetch": cmd_fetch, "up": cmd_up,
+            "eval": cmd_eval, "dashboard": cmd_dashboard, "env": cmd_env, **{r: cmd_role for r in ROLES},
+            "simulate": cmd_simulate, "audit": audit_command.run_audit}
 
 
 def main(argv: list[str] | None = None) -> int:

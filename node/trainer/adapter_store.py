@@ -176,6 +176,17 @@ class AdapterStore:
         unknown: never stored, or pruned before this process started)."""
         return [self._sizes.get(v, 0) for v in range(1, head + 1)]
 
+    def header(self, version: int) -> pb.AdapterUpdate | None:
+        """The signed update header body of `version` as published (its delta's, else a stored
+        snapshot's), or None when neither is kept; reads the header file only."""
+        for stem in (f"d{version}", f"s{version}"):
+            path = self.root / f"{stem}.hdr"
+            with self._lock:
+                data = path.read_bytes() if path.exists() else None
+            if data is not None:
+                return pb.AdapterUpdate.FromString(pb.Signed.FromString(data).body)
+        return None
+
     def delta(self, to_version: int) -> StoredUpdate | None:
         """The delta that produces `to_version`, if published."""
         return self._get(f"d{to_version}")

@@ -195,6 +195,9 @@ class Admission:
             return self._refuse(batch_id, signer, adm.UNKNOWN_JOB, max(1, len(batch.groups)))
         now = self.now_ms()
         with self.gate:
+            if self.done():   # its groups would never be trained: no receipt may promise them (`JobRuntime.train_step`)
+                self.count_refusal(adm.JOB_DONE)   # a late honest batch, not a rejection of its groups
+                return pb.BatchReceipt(batch_id=batch_id, accepted=False, reason=adm.JOB_DONE)
             self.bans.expire(now)
             lease = self.leases.get(batch.lease_id) or self.ledger.lease(batch.lease_id)
             reason = adm.check_batch_envelope(

@@ -170,16 +170,30 @@ class TrainerCalls:
         return job_status(job, request.history, request.verdicts, request.holders)
 
     def sample_admitted(self, request: pb.SampleRequest) -> Iterator[pb.AdmittedBatch]:
-        """Admitted batches of a job after ledger sequence `after_seq` (at most `max_batches`,
-        default DEFAULT_SAMPLE, capped at MAX_SAMPLE), each with its lease, for validators.
-        Nothing for an unknown job."""
+        """Admitted batches of a job after ledger sequence `after_seq`, or (audits) those named
+        by `batch_ids` that are still whole (at most `max_batches`, default DEFAULT_SAMPLE, capped
+        at MAX_SAMPLE), each with its lease, for validators. Nothing for an unknown job."""
         if request.job_id not in self.trainer.jobs:
             return
         ledger = self.trainer.ledger
         limit = max(1, min(request.max_batches or DEFAULT_SAMPLE, MAX_SAMPLE))
-        for seq, lease_id, envelope in ledger.batches_after(request.job_id, request.after_seq, limit):
+        found = (ledger.batches_by_id(request.job_id, list(request.batch_ids)[:limit]) if request.batch_ids
+                 else ledger.batches_after(request.job_id, request.after_seq, limit))
+        for seq, lease_id, envelope in found:
             yield pb.AdmittedBatch(seq=seq, batch=envelope, lease=ledger.lease(lease_id),
                                    admitted_prompt_indices=ledger.batch_group_indices(seq))
+
+    def fetch_statements(self, request: pb.StatementRequest) -> pb.StatementList:
+        """The job's signed contribution statements above `after_version`, ascending, at most
+        `max_statements` (`statements.StatementBook.fetch` bounds it).
+
+        Raises:
+            CallRefused: NOT_FOUND for an unknown job.
+        """
+        job = self.trainer.jobs.get(request.job_id)
+        if job is None:
+            raise CallRefused(grpc.StatusCode.NOT_FOUND, f"unknown job {request.job_id}")
+        return pb.StatementList(statements=job.statements.fetch(request.after_version, request.max_statements))
 
     def report_verdicts(self, request: pb.Signed) -> pb.VerdictAck:
         """Act on a trusted validator's signed verdicts (`Trainer.report_verdicts`)."""

@@ -29,6 +29,7 @@ from swarmrl.node.trainer.cotraining import CotrainerSync
 from swarmrl.node.trainer.learner import Learner
 from swarmrl.node.trainer.ledger import Ledger, PendingGroup
 from swarmrl.node.trainer.outer import OuterOptimizer
+from swarmrl.node.trainer.statements import StatementBook
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol import delta_codec as dc
 from swarmrl.protocol import diloco
@@ -43,6 +44,7 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 log = logging.getLogger(__name__)
 STALE_AT_STEP = "stale_at_step"
 NO_SIGNAL = "no_signal"
+JOB_DONE = "job_done"   # the note of groups still pending when the job took its last step
 """The ledger state of groups a step consumed without making a version (all-equal rewards in
 every group: no advantage, no gradient); "trained" means trained into a published version."""
 PROMPT_CACHE = 4096   # prompts' token ids kept by index (least recently used dropped first; JobRuntime.prompt_ids_of)
@@ -105,6 +107,8 @@ class JobRuntime:
         self.batches_without_signal = 0   # consumed batches that changed nothing, since the last version
         self.outer = OuterOptimizer(spec, self.learner.params) if spec.diloco else None   # DiLoCo (`outer`)
         self._resume()
+        self.statements = StatementBook(job_id, identity, ledger, self.store, self.now_ms)   # `protocol.credit`
+        self.statements.fill(self.version)   # a step that crashed before its statement: an empty one
         limits = job_limits(spec, self.env, vocab_size(self.learner.model))
         self.admission = Admission(job_id, spec, ledger, limits=limits, prompt_ids=self.prompt_ids_of,
                                    version=lambda: self.version, done=lambda: self.done, identity=identity,
@@ -143,7 +147,8 @@ class JobRuntime:
         return self.version >= self.spec.steps
 
     def record(self, endpoint: str) -> pb.JobRecord:
-        """The DHT record announcing this job, with its demand (`demand`)."""
+        """The DHT record announcing this job, with its demand (`demand`) and head statement."""
+        statement_version, statement_sha = self.statements.head()
         return pb.JobRecord(
             job_id=self.job_id, trainer_id=self.identity.peer_id, endpoint=endpoint, base_model=self.spec.base_model,
             base_model_sha256=bytes.fromhex(self.spec.base_model_sha256), environment=self.spec.environment_id,
@@ -151,7 +156,7 @@ class JobRuntime:
             updated_ms=self.now_ms(), done=self.done, spec_json=self.spec.canonical_json(),
             trainer_public_key=self.identity.public_key,
             cotrainer_keys=self._vouched_keys(),
-            demand=self.demand(),
+            demand=self.demand(), statement_version=statement_version, statement_sha256=statement_sha,
         )
 
     def _vouched_keys(self) -> list[bytes]:
@@ -246,7 +251,8 @@ class JobRuntime:
 
     # ---- the step
     def train_step(self) -> dict[str, float] | None:
-        """batch -> learner step -> publish -> mark trained -> checkpoint. Returns the new
+        """batch -> learner step -> publish -> sign the version's statement and mark its groups
+        trained (one ledger transaction: `statements.StatementBook`) -> checkpoint. Returns the new
         version's metrics row, or None when no version was made: the averaged step was abandoned
         (a cotrainer got ahead; the groups stay pending) or the batch carried no signal (the
         groups are consumed as NO_SIGNAL, nothing is published; counted in the next row's
@@ -268,7 +274,10 @@ class JobRuntime:
             metrics.update(self._outer_step())
         else:
             self.publish(self.learner.state())
-        self.ledger.mark([p.row_id for p in batch], "trained", step=self.version)
+        if self.done:   # nothing trains the groups still pending: the last statement lists them dropped
+            with self.admission.gate:   # admission refuses a done job's batches: none is admitted after this
+                self.ledger.drop_pending(self.job_id, note=JOB_DONE, keep=[p.row_id for p in batch])
+        self.statements.state(self.version, [p.row_id for p in batch])   # marks them trained, atomically
         self.compact_ledger()
         self.checkpoint()
         row = self._metrics_row(batch, metrics, time.monotonic() - t0)

@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from swarmrl.node.runtime.group_commit import GroupCommit
 from swarmrl.node.runtime.sqlite import connect
+from swarmrl.node.trainer.ledger_credit import CreditTables
 from swarmrl.node.trainer.ledger_peers import PeerTables
 from swarmrl.node.trainer.ledger_schema import SCHEMA
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -42,7 +43,7 @@ class PendingGroup:
     group: pb.Group
 
 
-class Ledger(PeerTables):
+class Ledger(PeerTables, CreditTables):
     """Thread-safe SQLite ledger (one connection, serialized by a lock).
 
     synchronous: "full" (default): every write method returns only once its transaction is on

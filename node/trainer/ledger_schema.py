@@ -1,5 +1,6 @@
 """The trainer ledger's tables (SQLite): jobs, leases, batches and their groups, steps, and what the
-ledger keeps per peer (rejections, verdicts, bans, strikes). `Ledger` creates them if missing."""
+ledger keeps per peer (rejections, verdicts, bans, strikes), and the signed contribution
+statements (`ledger_credit`). `Ledger` creates them if missing."""
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -33,6 +34,10 @@ CREATE TABLE IF NOT EXISTS bans (
     job_id TEXT NOT NULL, peer_id TEXT NOT NULL, reason TEXT NOT NULL, at_ms INTEGER NOT NULL,
     until_ms INTEGER NOT NULL, PRIMARY KEY (job_id, peer_id));
 CREATE INDEX IF NOT EXISTS verdicts_peer ON verdicts (job_id, peer_id, passed);
+CREATE TABLE IF NOT EXISTS statements (
+    job_id TEXT NOT NULL, version INTEGER NOT NULL, sha256 BLOB NOT NULL, envelope BLOB NOT NULL,
+    PRIMARY KEY (job_id, version));
+CREATE TABLE IF NOT EXISTS stated_groups (group_id INTEGER PRIMARY KEY, version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS strikes (
     job_id TEXT NOT NULL, peer_id TEXT NOT NULL, count INTEGER NOT NULL, PRIMARY KEY (job_id, peer_id));
 """

@@ -83,6 +83,15 @@ class TrainerService(pb_grpc.TrainerServicer):
         for validators (`TrainerCalls.sample_admitted`). Nothing for an unknown job."""
         yield from self.calls.sample_admitted(request)
 
+    def FetchStatements(self, request: pb.StatementRequest, context: grpc.ServicerContext) -> pb.StatementList:
+        """The job's signed contribution statements (`TrainerCalls.fetch_statements`); aborts
+        NOT_FOUND for an unknown job."""
+        try:
+            return self.calls.fetch_statements(request)
+        except CallRefused as refused:
+            refused.abort(context)
+            raise   # abort raises; for the type checker
+
     def ReportVerdicts(self, request: pb.Signed, context: grpc.ServicerContext) -> pb.VerdictAck:
         """Act on a trusted validator's signed verdicts (`Trainer.report_verdicts`)."""
         return self.calls.report_verdicts(request)

@@ -76,6 +76,11 @@ class ReceiptStore:
         rows = self._query("SELECT envelope FROM receipts WHERE batch_id = ?", (batch_id,))
         return pb.Signed.FromString(rows[0][0]) if rows else None
 
+    def envelopes(self, job_id: str) -> list[pb.Signed]:
+        """Every kept signed receipt of the job, oldest first (for audits)."""
+        return [pb.Signed.FromString(e) for (e,) in self._query(
+            "SELECT envelope FROM receipts WHERE job_id = ? ORDER BY at_ms", (job_id,))]
+
     def credit(self) -> list[JobCredit]:
         """Credit per job from the kept receipts, the job with the latest receipt first."""
         rows = self._query(

@@ -137,6 +137,8 @@ class JobRecord(_message.Message):
     TLS_CERT_SHA256_FIELD_NUMBER: _builtins.int
     MADDRS_FIELD_NUMBER: _builtins.int
     DEMAND_FIELD_NUMBER: _builtins.int
+    STATEMENT_VERSION_FIELD_NUMBER: _builtins.int
+    STATEMENT_SHA256_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     trainer_id: _builtins.str
     """peer id of the trainer"""
@@ -159,6 +161,11 @@ class JobRecord(_message.Message):
     """sha256 of the DER certificate the trainer's gRPC server presents (node/net/tls.py); empty: the
     endpoint is plaintext. Workers pin it: no certificate authority is involved.
     """
+    statement_version: _builtins.int
+    """This trainer's head contribution statement (protocol/credit.py): its version and the sha256
+    of its signed body (the content address FetchStatements serves it by); 0 / empty: none yet.
+    """
+    statement_sha256: _builtins.bytes
     @_builtins.property
     def cotrainer_keys(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]:
         """Public keys of the job's other trainers this one averages with: their signed adapter updates
@@ -193,10 +200,12 @@ class JobRecord(_message.Message):
         tls_cert_sha256: _builtins.bytes = ...,
         maddrs: _abc.Iterable[_builtins.str] | None = ...,
         demand: Global___Demand | None = ...,
+        statement_version: _builtins.int = ...,
+        statement_sha256: _builtins.bytes = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["demand", b"demand"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_model", b"base_model", "base_model_sha256", b"base_model_sha256", "cotrainer_keys", b"cotrainer_keys", "demand", b"demand", "done", b"done", "endpoint", b"endpoint", "env_version", b"env_version", "environment", b"environment", "head_hash", b"head_hash", "head_version", b"head_version", "job_id", b"job_id", "maddrs", b"maddrs", "spec_json", b"spec_json", "tls_cert_sha256", b"tls_cert_sha256", "trainer_id", b"trainer_id", "trainer_public_key", b"trainer_public_key", "updated_ms", b"updated_ms"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["base_model", b"base_model", "base_model_sha256", b"base_model_sha256", "cotrainer_keys", b"cotrainer_keys", "demand", b"demand", "done", b"done", "endpoint", b"endpoint", "env_version", b"env_version", "environment", b"environment", "head_hash", b"head_hash", "head_version", b"head_version", "job_id", b"job_id", "maddrs", b"maddrs", "spec_json", b"spec_json", "statement_sha256", b"statement_sha256", "statement_version", b"statement_version", "tls_cert_sha256", b"tls_cert_sha256", "trainer_id", b"trainer_id", "trainer_public_key", b"trainer_public_key", "updated_ms", b"updated_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1416,20 +1425,26 @@ class SampleRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     AFTER_SEQ_FIELD_NUMBER: _builtins.int
     MAX_BATCHES_FIELD_NUMBER: _builtins.int
+    BATCH_IDS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     after_seq: _builtins.int
     """return admitted batches with a ledger sequence above this"""
     max_batches: _builtins.int
+    @_builtins.property
+    def batch_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """non-empty: exactly these batches (hex ids) that are still whole, for audits"""
+
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         after_seq: _builtins.int = ...,
         max_batches: _builtins.int = ...,
+        batch_ids: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "job_id", b"job_id", "max_batches", b"max_batches"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_seq", b"after_seq", "batch_ids", b"batch_ids", "job_id", b"job_id", "max_batches", b"max_batches"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1566,3 +1581,313 @@ class VerdictAck(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___VerdictAck: _TypeAlias = VerdictAck  # noqa: Y015
+
+@_typing.final
+class ContributionStatement(_message.Message):
+    """---- credit (protocol/credit.py, docs/CREDIT.md) --------------------------------------------
+
+    Signed by a trainer (domain "contribution"): what it trained into one version.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    ADAPTER_HASH_FIELD_NUMBER: _builtins.int
+    DELTA_SHA256_FIELD_NUMBER: _builtins.int
+    PREV_SHA256_FIELD_NUMBER: _builtins.int
+    FIRST_VERSION_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
+    DROPPED_FIELD_NUMBER: _builtins.int
+    PEERS_FIELD_NUMBER: _builtins.int
+    GROUPS_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    CREATED_MS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    version: _builtins.int
+    """the version this statement credits"""
+    adapter_hash: _builtins.bytes
+    """= the publishing AdapterUpdate's to_hash"""
+    delta_sha256: _builtins.bytes
+    """= its payload_sha256 (ties the statement to the bytes workers apply)"""
+    prev_sha256: _builtins.bytes
+    """sha256 of this trainer's previous statement body; empty on its first"""
+    first_version: _builtins.int
+    """version of this trainer's first statement (a cotrainer that joined late)"""
+    groups: _builtins.int
+    """totals of `batches`"""
+    tokens: _builtins.int
+    created_ms: _builtins.int
+    @_builtins.property
+    def batches(self) -> _containers.RepeatedCompositeFieldContainer[Global___CreditedBatch]:
+        """sorted by batch_id; only groups trained into `version`"""
+
+    @_builtins.property
+    def dropped(self) -> _containers.RepeatedCompositeFieldContainer[Global___DroppedGroups]:
+        """sorted by batch_id; groups consumed without credit since the previous statement"""
+
+    @_builtins.property
+    def peers(self) -> _containers.RepeatedCompositeFieldContainer[Global___PeerCredit]:
+        """sorted by peer_id; derived from `batches` (checked, not trusted)"""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        version: _builtins.int = ...,
+        adapter_hash: _builtins.bytes = ...,
+        delta_sha256: _builtins.bytes = ...,
+        prev_sha256: _builtins.bytes = ...,
+        first_version: _builtins.int = ...,
+        batches: _abc.Iterable[Global___CreditedBatch] | None = ...,
+        dropped: _abc.Iterable[Global___DroppedGroups] | None = ...,
+        peers: _abc.Iterable[Global___PeerCredit] | None = ...,
+        groups: _builtins.int = ...,
+        tokens: _builtins.int = ...,
+        created_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter_hash", b"adapter_hash", "batches", b"batches", "created_ms", b"created_ms", "delta_sha256", b"delta_sha256", "dropped", b"dropped", "first_version", b"first_version", "groups", b"groups", "job_id", b"job_id", "peers", b"peers", "prev_sha256", b"prev_sha256", "tokens", b"tokens", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ContributionStatement: _TypeAlias = ContributionStatement  # noqa: Y015
+
+@_typing.final
+class CreditedBatch(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCH_ID_FIELD_NUMBER: _builtins.int
+    PEER_ID_FIELD_NUMBER: _builtins.int
+    PROMPT_INDICES_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    batch_id: _builtins.bytes
+    """32 raw bytes (the hex of receipts, packed)"""
+    peer_id: _builtins.str
+    """the batch's signer"""
+    tokens: _builtins.int
+    """model-sampled completion tokens of those groups (token_mask 1)"""
+    @_builtins.property
+    def prompt_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """ascending; admitted groups of the batch trained into the version"""
+
+    def __init__(
+        self,
+        *,
+        batch_id: _builtins.bytes = ...,
+        peer_id: _builtins.str = ...,
+        prompt_indices: _abc.Iterable[_builtins.int] | None = ...,
+        tokens: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "peer_id", b"peer_id", "prompt_indices", b"prompt_indices", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreditedBatch: _TypeAlias = CreditedBatch  # noqa: Y015
+
+@_typing.final
+class DroppedGroups(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BATCH_ID_FIELD_NUMBER: _builtins.int
+    PEER_ID_FIELD_NUMBER: _builtins.int
+    PROMPT_INDICES_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    batch_id: _builtins.bytes
+    peer_id: _builtins.str
+    reason: _builtins.str
+    """"stale_at_step", "no_signal", "banned: ..." (the ledger's state or note)"""
+    @_builtins.property
+    def prompt_indices(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """ascending"""
+
+    def __init__(
+        self,
+        *,
+        batch_id: _builtins.bytes = ...,
+        peer_id: _builtins.str = ...,
+        prompt_indices: _abc.Iterable[_builtins.int] | None = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "peer_id", b"peer_id", "prompt_indices", b"prompt_indices", "reason", b"reason"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DroppedGroups: _TypeAlias = DroppedGroups  # noqa: Y015
+
+@_typing.final
+class PeerCredit(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PEER_ID_FIELD_NUMBER: _builtins.int
+    GROUPS_FIELD_NUMBER: _builtins.int
+    TOKENS_FIELD_NUMBER: _builtins.int
+    BATCHES_FIELD_NUMBER: _builtins.int
+    peer_id: _builtins.str
+    groups: _builtins.int
+    tokens: _builtins.int
+    batches: _builtins.int
+    def __init__(
+        self,
+        *,
+        peer_id: _builtins.str = ...,
+        groups: _builtins.int = ...,
+        tokens: _builtins.int = ...,
+        batches: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batches", b"batches", "groups", b"groups", "peer_id", b"peer_id", "tokens", b"tokens"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PeerCredit: _TypeAlias = PeerCredit  # noqa: Y015
+
+@_typing.final
+class StatementRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    AFTER_VERSION_FIELD_NUMBER: _builtins.int
+    MAX_STATEMENTS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    after_version: _builtins.int
+    """statements with a version above this, ascending"""
+    max_statements: _builtins.int
+    """0: the trainer's default"""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        after_version: _builtins.int = ...,
+        max_statements: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_version", b"after_version", "job_id", b"job_id", "max_statements", b"max_statements"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StatementRequest: _TypeAlias = StatementRequest  # noqa: Y015
+
+@_typing.final
+class StatementList(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    STATEMENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def statements(self) -> _containers.RepeatedCompositeFieldContainer[Global___Signed]:
+        """Signed(ContributionStatement), ascending versions"""
+
+    def __init__(
+        self,
+        *,
+        statements: _abc.Iterable[Global___Signed] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["statements", b"statements"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StatementList: _TypeAlias = StatementList  # noqa: Y015
+
+@_typing.final
+class AuditFinding(_message.Message):
+    """One thing an audit found wrong (protocol/audit.py names the reasons)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASON_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    PEER_ID_FIELD_NUMBER: _builtins.int
+    BATCH_ID_FIELD_NUMBER: _builtins.int
+    DETAIL_FIELD_NUMBER: _builtins.int
+    reason: _builtins.str
+    version: _builtins.int
+    peer_id: _builtins.str
+    batch_id: _builtins.str
+    """hex"""
+    detail: _builtins.str
+    def __init__(
+        self,
+        *,
+        reason: _builtins.str = ...,
+        version: _builtins.int = ...,
+        peer_id: _builtins.str = ...,
+        batch_id: _builtins.str = ...,
+        detail: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["batch_id", b"batch_id", "detail", b"detail", "peer_id", b"peer_id", "reason", b"reason", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuditFinding: _TypeAlias = AuditFinding  # noqa: Y015
+
+@_typing.final
+class AuditReport(_message.Message):
+    """Signed by an auditor (domain "audit-report"): the verdict of one audit of one trainer's books."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    TRAINER_ID_FIELD_NUMBER: _builtins.int
+    STATEMENTS_FIELD_NUMBER: _builtins.int
+    HEAD_VERSION_FIELD_NUMBER: _builtins.int
+    HEAD_SHA256_FIELD_NUMBER: _builtins.int
+    BATCHES_CHECKED_FIELD_NUMBER: _builtins.int
+    RECEIPTS_CHECKED_FIELD_NUMBER: _builtins.int
+    FINDINGS_FIELD_NUMBER: _builtins.int
+    CREATED_MS_FIELD_NUMBER: _builtins.int
+    BATCHES_UNAVAILABLE_FIELD_NUMBER: _builtins.int
+    RECEIPTS_PENDING_FIELD_NUMBER: _builtins.int
+    AUDITOR_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    trainer_id: _builtins.str
+    statements: _builtins.int
+    """statements checked"""
+    head_version: _builtins.int
+    head_sha256: _builtins.bytes
+    batches_checked: _builtins.int
+    """credited batches fetched and checked against their workers' signatures"""
+    receipts_checked: _builtins.int
+    created_ms: _builtins.int
+    batches_unavailable: _builtins.int
+    """credited batches the trainer no longer keeps whole (compacted): not checked"""
+    receipts_pending: _builtins.int
+    """receipted groups that may still be trained (not due yet): not checked"""
+    auditor_id: _builtins.str
+    @_builtins.property
+    def findings(self) -> _containers.RepeatedCompositeFieldContainer[Global___AuditFinding]:
+        """empty: the books add up"""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        trainer_id: _builtins.str = ...,
+        statements: _builtins.int = ...,
+        head_version: _builtins.int = ...,
+        head_sha256: _builtins.bytes = ...,
+        batches_checked: _builtins.int = ...,
+        receipts_checked: _builtins.int = ...,
+        findings: _abc.Iterable[Global___AuditFinding] | None = ...,
+        created_ms: _builtins.int = ...,
+        batches_unavailable: _builtins.int = ...,
+        receipts_pending: _builtins.int = ...,
+        auditor_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["auditor_id", b"auditor_id", "batches_checked", b"batches_checked", "batches_unavailable", b"batches_unavailable", "created_ms", b"created_ms", "findings", b"findings", "head_sha256", b"head_sha256", "head_version", b"head_version", "job_id", b"job_id", "receipts_checked", b"receipts_checked", "receipts_pending", b"receipts_pending", "statements", b"statements", "trainer_id", b"trainer_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AuditReport: _TypeAlias = AuditReport  # noqa: Y015

@@ -75,6 +75,11 @@ class TrainerStub:
                 request_serializer=swarmrl_dot_v1_dot_swarm__pb2.UpdateRequest.SerializeToString,
                 response_deserializer=swarmrl_dot_v1_dot_swarm__pb2.AdapterChunk.FromString,
                 _registered_method=True)
+        self.FetchStatements = channel.unary_unary(
+                '/swarmrl.v1.Trainer/FetchStatements',
+                request_serializer=swarmrl_dot_v1_dot_swarm__pb2.StatementRequest.SerializeToString,
+                response_deserializer=swarmrl_dot_v1_dot_swarm__pb2.StatementList.FromString,
+                _registered_method=True)
 
 
 class TrainerServicer:
@@ -134,6 +139,13 @@ class TrainerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchStatements(self, request, context):
+        """The trainer's signed contribution statements (its credit chain), ascending versions.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_TrainerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -176,6 +188,11 @@ def add_TrainerServicer_to_server(servicer, server):
                     servicer.FetchDataset,
                     request_deserializer=swarmrl_dot_v1_dot_swarm__pb2.UpdateRequest.FromString,
                     response_serializer=swarmrl_dot_v1_dot_swarm__pb2.AdapterChunk.SerializeToString,
+            ),
+            'FetchStatements': grpc.unary_unary_rpc_method_handler(
+                    servicer.FetchStatements,
+                    request_deserializer=swarmrl_dot_v1_dot_swarm__pb2.StatementRequest.FromString,
+                    response_serializer=swarmrl_dot_v1_dot_swarm__pb2.StatementList.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -395,6 +412,33 @@ class Trainer:
             '/swarmrl.v1.Trainer/FetchDataset',
             swarmrl_dot_v1_dot_swarm__pb2.UpdateRequest.SerializeToString,
             swarmrl_dot_v1_dot_swarm__pb2.AdapterChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchStatements(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/swarmrl.v1.Trainer/FetchStatements',
+            swarmrl_dot_v1_dot_swarm__pb2.StatementRequest.SerializeToString,
+            swarmrl_dot_v1_dot_swarm__pb2.StatementList.FromString,
             options,
             channel_credentials,
             insecure,

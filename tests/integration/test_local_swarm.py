@@ -1,13 +1,16 @@
 """End to end: `swarmrl up --model tiny` as real processes on loopback (bootstrap, trainer,
 two workers, validator), then check versions, admission, rewards, hash agreement, that
-the exported adapter loads with peft, that the last status line agrees with summary.json and
-that the run ends with the held-out figure."""
+the exported adapter loads with peft, that the last status line agrees with summary.json, that
+the run ends with the held-out figure, and that anyone can audit its credit (`swarmrl audit`
+against its trainer restarted on its state: clean, adds up to metrics.csv, every worker's
+receipts covered; a tampered statement is flagged)."""
 
 from __future__ import annotations
 
 import csv
 import json
 import re
+import sqlite3
 import subprocess
 import sys
 
@@ -15,8 +18,15 @@ import pytest
 import torch
 from peft import PeftModel
 
+from swarmrl.node.cli.main import main
 from swarmrl.node.models.base_model import prepare_base_model
 from swarmrl.node.models.causal_lm import load_causal_lm
+from swarmrl.node.runtime.config import TrainerConfig
+from swarmrl.node.trainer.hosting import Trainer
+from swarmrl.node.trainer.service import serve
+from swarmrl.protocol import credit
+from swarmrl.protocol.identity import Identity
+from swarmrl.protocol.pb import swarm_pb2 as pb
 
 pytestmark = pytest.mark.integration
 STEPS = 4
@@ -120,3 +130,47 @@ def test_up_ends_with_the_heldout_accuracy_of_base_and_adapter(run_dir):
     assert last == f"held-out accuracy, greedy: base {base:.3f} -> adapter {tuned:.3f} (n={EVAL_N})"
     card = json.loads((run_dir / "adapter" / "swarmrl.json").read_text())
     assert card["heldout"] == {"base_accuracy": base, "adapter_accuracy": tuned, "n": EVAL_N}
+
+
+def test_anyone_can_audit_the_runs_credit(run_dir, model_cache, capsys):
+    """Issue 27: the finished run's trainer, restarted on its state, serves its statements; the
+    audit of every credited batch and both workers' receipts is clean; the statements credit
+    exactly the groups metrics.csv says were trained, and both workers; a tampered statement is
+    flagged `bad_signature` (exit 1)."""
+    keys = run_dir / "run" / "keys"
+    identity = Identity.load(keys / "trainer.key")
+    trainer = Trainer(TrainerConfig(state_dir=run_dir / "run" / "trainer", cache_dir=model_cache), identity)
+    (job_id,) = trainer.jobs
+    server, port = serve(trainer, "127.0.0.1", 0, 16)
+    audit = ["audit", job_id, "--trainer", f"127.0.0.1:{port}", "--sample", "0", "--json"]
+    try:
+        code = main([*audit, "--receipts", str(model_cache / "receipts")])
+        report = json.loads(capsys.readouterr().out)
+        assert code == 0 and not report.get("findings"), report
+        assert int(report["statements"]) == STEPS and int(report["receiptsChecked"]) > 0
+        assert not int(report.get("receiptsPending", 0))   # a finished job: every receipt is due, and covered
+
+        chain = credit.verify_chain(trainer.ledger.statements(job_id, 0, 100), job_id=job_id,
+                                    trainer_id=identity.peer_id)
+        with open(run_dir / "metrics.csv") as f:
+            trained = sum(int(r["groups_trained"]) for r in csv.DictReader(f))
+        assert sum(p.groups for st in chain for p in st.peers) == trained > 0
+        workers = {Identity.load(keys / f"worker{i}.key").peer_id for i in range(2)}
+        assert {p.peer_id for st in chain for p in st.peers} == workers
+
+        db = sqlite3.connect(run_dir / "run" / "trainer" / "ledger.sqlite")   # the store, edited behind its back
+        (blob,) = db.execute("SELECT envelope FROM statements WHERE job_id = ? AND version = 2", (job_id,)).fetchone()
+        env = pb.Signed.FromString(blob)
+        st = pb.ContributionStatement.FromString(env.body)
+        st.created_ms += 1
+        env.body = st.SerializeToString()
+        db.execute("UPDATE statements SET envelope = ? WHERE job_id = ? AND version = 2", (env.SerializeToString(), job_id))
+        db.commit()
+        db.close()
+        code = main(audit)
+        report = json.loads(capsys.readouterr().out)
+        assert code == 1 and [(f["reason"], int(f["version"])) for f in report["findings"]] == [
+            (credit.BAD_SIGNATURE, 2)]
+    finally:
+        server.stop(0)
+        trainer.ledger.close()

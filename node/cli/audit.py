@@ -1,0 +1,187 @@
+"""`swarmrl audit JOB --trainer HOST:PORT`: re-check a trainer's books from what others signed
+(issue 27 item 3, docs/CREDIT.md). Fetches the trainer's contribution statements and checks
+them as a chain; checks the signed update of the head version (and `--adapters` more) against
+its statement; samples credited batches from the trainer and checks each against its worker's
+signature; with `--receipts`, checks a worker's receipts are credited or listed dropped. Prints
+the findings (a rich table, or `--json`), writes the signed `AuditReport` with `--report`.
+
+Exit: 0 the books add up, 1 findings, 2 bad arguments or a job it can't reach (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sqlite3
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from swarmrl.node.cli.checks import UsageError, endpoint, int_at_least, nonempty, sha256_hex
+
+if TYPE_CHECKING:
+    from swarmrl.protocol.identity import Identity
+    from swarmrl.protocol.pb import swarm_pb2 as pb
+
+EXIT_CLEAN, EXIT_FINDINGS = 0, 1
+
+
+class AuditUnreachable(ValueError):
+    """The trainer could not be reached, or does not host the job (exit 2, one line)."""
+
+
+def add_parser(sub: Any, make: Any) -> None:
+    """Add the `audit` subcommand to `sub` (`make(sub, name, help)` builds a subparser)."""
+    a = make(sub, "audit", "re-check a trainer's credit books: statements, batches, receipts")
+    a.add_argument("job_id", type=nonempty, help="the job's id")
+    a.add_argument("--trainer", required=True, type=endpoint, metavar="HOST:PORT", help="the trainer's gRPC endpoint")
+    a.add_argument("--tls-sha256", type=sha256_hex, default=b"", metavar="HEX",
+                   help="the trainer serves TLS: pin its certificate; without it, plaintext")
+    a.add_argument("--trainer-id", default="", metavar="PEER_ID",
+                   help="the trainer's peer id (from its signed job record); default: the one its status names")
+    a.add_argument("--sample", type=int_at_least(0), default=64, help="credited batches to check (0: all)")
+    a.add_argument("--adapters", type=int_at_least(0), default=1,
+                   help="versions besides the head whose signed update is checked against the statement")
+    a.add_argument("--seed", type=int, default=None, help="the sample's seed (default: random)")
+    a.add_argument("--receipts", type=Path, default=None, metavar="PATH",
+                   help="a worker's receipt store (a <peer id>.sqlite file, or the receipts/ folder of its cache)")
+    a.add_argument("--key", type=Path, default=None, help="the auditor's key file, to sign the report (created)")
+    a.add_argument("--report", type=Path, default=None, help="write the signed AuditReport (binary Signed) here")
+    a.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _receipt_envelopes(path: Path, job_id: str) -> list[pb.Signed]:
+    from swarmrl.node.worker.receipts import ReceiptStore
+
+    files = sorted(path.glob("*.sqlite")) if path.is_dir() else [path]
+    if not path.exists() or not files:
+        raise UsageError(f"--receipts {str(path)!r}: no receipt store there")
+    out: list[pb.Signed] = []
+    for f in files:
+        try:
+            store = ReceiptStore(f)
+            out += store.envelopes(job_id)
+            store.close()
+        except sqlite3.DatabaseError as exc:
+            raise UsageError(f"--receipts {str(f)!r} is not a receipts file ({exc})") from exc
+    return out
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    """Audit the job (module docstring); returns the exit code.
+
+    Raises:
+        AuditUnreachable: the trainer can't be reached or does not host the job.
+        UsageError: a bad --receipts path.
+    """
+    import grpc
+
+    from swarmrl.node.submitter.audit_client import AuditClient
+
+    receipts = _receipt_envelopes(args.receipts, args.job_id) if args.receipts is not None else None
+    client = AuditClient(args.trainer, args.tls_sha256)
+    try:
+        status = client.status(args.job_id)
+        if status.state == "unknown":
+            raise AuditUnreachable(f"the trainer at {args.trainer} does not host job {args.job_id!r}")
+        envelopes = client.statements(args.job_id)
+        report, auditor = _audit(client, args, status, envelopes, receipts)
+    except grpc.RpcError as exc:
+        code = exc.code().name if hasattr(exc, "code") else "error"
+        raise AuditUnreachable(f"cannot reach the trainer at {args.trainer} ({code}); is it running, and is "
+                               "--trainer its HOST:PORT?") from exc
+    _output(args, report)
+    if args.report is not None:
+        from swarmrl.protocol.audit import sign_report
+
+        write_report(args.report, sign_report(auditor, report))
+    return EXIT_FINDINGS if report.findings else EXIT_CLEAN
+
+
+def _audit(client: Any, args: argparse.Namespace, status: pb.JobStatus, envelopes: list[pb.Signed],
+           receipts: list[pb.Signed] | None) -> tuple[pb.AuditReport, Identity]:
+    """The audit's report and the identity that signs it (--key, else a fresh one)."""
+    from swarmrl.protocol import audit, credit
+    from swarmrl.protocol.jobspec import JobSpec
+
+    job_id, trainer_id = args.job_id, args.trainer_id or status.trainer_id
+    statements, findings = audit.check_chain(envelopes, job_id=job_id, trainer_id=trainer_id)
+    heads = {pb_version(e): credit.statement_sha256(e) for e in envelopes}
+    rng = random.Random(args.seed)
+    if statements:
+        versions = [statements[-1].version] + rng.sample([s.version for s in statements[:-1]],
+                                                         min(args.adapters, len(statements) - 1))
+        by_version = {s.version: s for s in statements}
+        for v in versions:
+            header = client.update_header(job_id, v, trainer_id)
+            if header is None:
+                continue
+            try:
+                credit.check_adapter(by_version[v], header)
+            except credit.CreditError as exc:
+                findings.append(audit.finding(exc.reason, version=v, detail=exc.detail))
+    credited = [(s.version, b) for s in statements for b in s.batches]
+    sample = credited if args.sample == 0 else rng.sample(credited, min(args.sample, len(credited)))
+    served = client.batches(job_id, [bytes(b.batch_id).hex() for _, b in sample])
+    unavailable = 0
+    for v, b in sample:
+        got = served.get(bytes(b.batch_id).hex())
+        if got is None and bytes(b.batch_id).hex() not in served:
+            unavailable += 1   # compacted (older than the trainer's ledger_keep_s), or never there
+        findings += audit.check_batch(job_id, v, b, got) if got is not None else []
+    checked_receipts = pending = 0
+    if receipts is not None:
+        spec = JobSpec.from_json(status.spec_json)
+        final = spec.steps if statements and statements[-1].version >= spec.steps else None
+        found, checked_receipts, pending = audit.check_receipts(
+            receipts, statements, job_id=job_id, trainer_id=trainer_id, max_async_level=spec.max_async_level,
+            final_version=final)
+        findings += found
+    from swarmrl.protocol.identity import Identity
+
+    auditor = Identity.load_or_create(args.key) if args.key is not None else Identity.generate()
+    return audit.audit_report(job_id, trainer_id, statements, heads, findings, batches_checked=len(sample) - unavailable,
+                              batches_unavailable=unavailable, receipts_checked=checked_receipts,
+                              receipts_pending=pending, auditor_id=auditor.peer_id,
+                              created_ms=int(time.time() * 1000)), auditor
+
+
+def pb_version(envelope: pb.Signed) -> int:
+    """The version a signed statement claims (0 when its body does not parse)."""
+    from swarmrl.protocol.pb import swarm_pb2 as pb
+
+    try:
+        return int(pb.ContributionStatement.FromString(envelope.body).version)
+    except Exception:  # noqa: BLE001 - a trainer can serve anything
+        return 0
+
+
+def _output(args: argparse.Namespace, report: pb.AuditReport) -> None:
+    from swarmrl.node.cli.status import message_dict
+
+    if args.json:
+        print(json.dumps(message_dict(report), indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"audit of job {report.job_id} at trainer {report.trainer_id[:16]}: {report.statements} statements "
+                  f"(head version {report.head_version}), {report.batches_checked} batches checked "
+                  f"({report.batches_unavailable} no longer kept), {report.receipts_checked} receipts checked "
+                  f"({report.receipts_pending} groups not due yet)", markup=False)
+    if not report.findings:
+        console.print("no findings: the books add up")
+        return
+    table = Table("reason", "version", "peer", "batch", "detail", title=f"{len(report.findings)} findings")
+    for f in report.findings:
+        table.add_row(f.reason, str(f.version), f.peer_id[:16], f.batch_id[:16], f.detail)
+    console.print(table)
+
+
+def write_report(path: Path, envelope: pb.Signed) -> None:
+    """Write the signed report to `path` (binary `Signed`)."""
+    path.write_bytes(envelope.SerializeToString())
+    print(f"signed audit report written to {path}", file=sys.stderr)

@@ -1,0 +1,86 @@
+"""What `swarmrl audit` fetches from a trainer: its signed contribution statements (paged by
+version, `FetchStatements`), the credited batches it still keeps whole (`SampleAdmitted` by
+batch id), and the signed update header of a version (`FetchAdapter`). Anonymous calls, retried
+briefly (`AUDIT_BACKOFF`): an unreachable trainer fails fast. Checks are `protocol.audit`'s."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import partial
+
+from google.protobuf.message import DecodeError
+
+from swarmrl.node.net.grpc_retry import Backoff, call_with_backoff, stream_with_backoff
+from swarmrl.node.submitter.client import stub
+from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
+from swarmrl.protocol.updates import assemble
+
+AUDIT_BACKOFF = Backoff(attempts=2, base_s=0.25, max_s=1.0)
+MAX_STATEMENTS = 1_000_000   # an audit stops paging there (a chain longer than any job)
+PAGE = 64                    # statements asked per call (the trainer's cap)
+SAMPLE_PAGE = 256            # batch ids asked per SampleAdmitted call (the trainer's cap)
+
+
+class AuditClient:
+    """A trainer's books over gRPC (`endpoint` HOST:PORT; TLS pinned to `tls_sha256` if given)."""
+
+    def __init__(self, endpoint: str, tls_sha256: bytes = b"", timeout_s: float = 30) -> None:
+        self.trainer: pb_grpc.TrainerStub = stub(endpoint, tls_sha256=tls_sha256)
+        self.timeout_s = timeout_s
+
+    def status(self, job_id: str) -> pb.JobStatus:
+        """The trainer's status of the job (state "unknown" when it does not host it)."""
+        st: pb.JobStatus = call_with_backoff(lambda: self.trainer.GetJobStatus(
+            pb.JobStatusRequest(job_id=job_id), timeout=self.timeout_s), AUDIT_BACKOFF)
+        return st
+
+    def statements(self, job_id: str) -> list[pb.Signed]:
+        """Every signed statement of the job, ascending versions (paged by `after_version`)."""
+        out: list[pb.Signed] = []
+        after = 0
+        while len(out) < MAX_STATEMENTS:
+            req = pb.StatementRequest(job_id=job_id, after_version=after, max_statements=PAGE)
+            page: pb.StatementList = call_with_backoff(
+                partial(self.trainer.FetchStatements, req, timeout=self.timeout_s), AUDIT_BACKOFF)
+            if not page.statements:
+                break
+            out += page.statements
+            after = max(after + 1, *(_version(e) for e in page.statements))
+        return out
+
+    def batches(self, job_id: str, batch_ids: Iterable[str]) -> dict[str, pb.AdmittedBatch]:
+        """The named batches (hex ids) the trainer still keeps whole, by the id it claims for each
+        (the caller checks the id against the body)."""
+        from swarmrl.protocol.signing import envelope_id
+
+        ids, out = list(batch_ids), {}
+        for lo in range(0, len(ids), SAMPLE_PAGE):
+            req = pb.SampleRequest(job_id=job_id, batch_ids=ids[lo:lo + SAMPLE_PAGE], max_batches=SAMPLE_PAGE)
+            for ab in stream_with_backoff(partial(self.trainer.SampleAdmitted, req, timeout=self.timeout_s),
+                                          AUDIT_BACKOFF):
+                out[envelope_id(ab.batch)] = ab
+        return out
+
+    def update_header(self, job_id: str, version: int, trainer_id: str) -> pb.AdapterUpdate | None:
+        """The trainer-signed update header that produced `version` (its delta from version - 1,
+        else a snapshot), its signature and payload checked (`updates.assemble`); None when the
+        trainer no longer keeps it."""
+        req = pb.AdapterRequest(job_id=job_id, have_version=version - 1, want_version=version)
+        try:
+            for update in assemble(stream_with_backoff(lambda: self.trainer.FetchAdapter(req, timeout=self.timeout_s),
+                                                       AUDIT_BACKOFF), trainer_id):
+                if update.header.to_version == version:
+                    return update.header
+        except Exception:  # noqa: BLE001 - OUT_OF_RANGE (pruned) or a bad stream: not available
+            return None
+        return None
+
+
+def _version(envelope: pb.Signed) -> int:
+    """The version a served statement claims; 0 when its body does not parse (a trainer can serve
+    anything: the chain check refuses it, paging goes on past the page's highest version)."""
+    try:
+        return int(pb.ContributionStatement.FromString(envelope.body).version)
+    except DecodeError:
+        return 0

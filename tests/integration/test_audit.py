@@ -1,0 +1,140 @@
+"""`swarmrl audit` against a real trainer on loopback (hosting.Trainer behind its gRPC server,
+the tiny job, two workers' signed batches through the trainer's admission, real steps): clean
+books exit 0; a tampered statement store, and a consistent chain that omits a worker's batch
+(re-signed by the trainer's key), are flagged with their reasons (exit 1) and the signed report
+verifies; a job it can't reach is one line and exit 2."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from swarmrl.node.cli.main import main
+from swarmrl.node.runtime.config import TrainerConfig
+from swarmrl.node.submitter.client import sign_job
+from swarmrl.node.tasks.builtin_jobs import builtin_job
+from swarmrl.node.trainer.hosting import Trainer
+from swarmrl.node.trainer.service import serve
+from swarmrl.node.worker.receipts import ReceiptStore
+from swarmrl.protocol import credit, receipts, signing
+from swarmrl.protocol.identity import Identity
+from swarmrl.protocol.pb import swarm_pb2 as pb
+from tests.unit.test_red_team import _group
+
+pytestmark = pytest.mark.integration
+WORKERS = [Identity.from_seed(bytes([65 + i]) * 32) for i in range(2)]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, model_cache):
+    tmp = tmp_path_factory.mktemp("audit")
+    identity = Identity.from_seed(b"T" * 32)
+    trainer = Trainer(TrainerConfig(state_dir=tmp / "trainer", cache_dir=model_cache), identity)
+    spec = builtin_job("tiny", model_cache, steps=3, batch_groups=2, group_size=2, prompts_per_lease=1)
+    ack = trainer.submit_job(sign_job(Identity.generate(), spec))
+    assert ack.accepted, ack.reason
+    job = trainer.jobs[ack.job_id]
+    (tmp / "receipts").mkdir(exist_ok=True)
+    stores = {w.peer_id: ReceiptStore(tmp / "receipts" / f"{w.peer_id}.sqlite") for w in WORKERS}
+    while not job.done:
+        for w in WORKERS:
+            reply = job.admission.request_lease(w.peer_id, pb.LeaseRequest(job_id=job.job_id, max_prompts=1))
+            i = reply.lease.prompt_indices[0]
+            group = _group(i, job.prompt_ids(i), version=job.version, n=2)
+            group.completions[0].reward = 1.0
+            body = pb.RolloutBatch(job_id=job.job_id, lease_id=reply.lease.lease_id, peer_id=w.peer_id, groups=[group])
+            env = signing.sign(w, signing.ROLLOUT_BATCH, body)
+            answer = trainer.admit(env)
+            kept = receipts.verify_receipt(answer, body, signing.envelope_id(env), identity.peer_id)
+            assert kept.admitted and stores[w.peer_id].add(answer.signed)
+        if job.ready():
+            job.train_step()
+    server, port = serve(trainer, "127.0.0.1", 0, 16)
+    yield trainer, job, f"127.0.0.1:{port}", tmp
+    server.stop(0)
+    for s in stores.values():
+        s.close()
+    trainer.ledger.close()
+
+
+def _audit(capsys, endpoint: str, job_id: str, *extra: str) -> tuple[int, dict]:
+    code = main(["audit", job_id, "--trainer", endpoint, "--sample", "0", "--json", *extra])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip() else {}
+
+
+def test_clean_books_then_tampering_and_omission_are_flagged(served, capsys) -> None:
+    trainer, job, endpoint, tmp = served
+    code, report = _audit(capsys, endpoint, job.job_id, "--receipts", str(tmp / "receipts"),
+                          "--report", str(tmp / "report.bin"), "--key", str(tmp / "auditor.key"))
+    assert code == 0, report
+    assert report.get("findings") is None and int(report["statements"]) == 3 == job.version
+    assert int(report["batchesChecked"]) == 6 and int(report["receiptsChecked"]) == 6
+    signed = pb.Signed.FromString((tmp / "report.bin").read_bytes())
+    body, auditor = signing.open_signed(signed, signing.AUDIT_REPORT, pb.AuditReport)
+    assert auditor == Identity.load(tmp / "auditor.key").peer_id and body.statements == 3
+
+    db = sqlite3.connect(tmp / "trainer" / "ledger.sqlite")
+    rows = db.execute("SELECT version, envelope FROM statements WHERE job_id = ? ORDER BY version",
+                      (job.job_id,)).fetchall()
+    original = {v: e for v, e in rows}
+    try:
+        # a tampered store: version 2's body edited (its signature no longer verifies)
+        env = pb.Signed.FromString(original[2])
+        st = pb.ContributionStatement.FromString(env.body)
+        st.created_ms += 1
+        db.execute("UPDATE statements SET envelope = ? WHERE job_id = ? AND version = 2",
+                   (pb.Signed(body=st.SerializeToString(), public_key=env.public_key,
+                              signature=env.signature).SerializeToString(), job.job_id))
+        db.commit()
+        code, report = _audit(capsys, endpoint, job.job_id)
+        assert code == 1 and [f["reason"] for f in report["findings"]] == [credit.BAD_SIGNATURE]
+
+        # the trainer re-signs a consistent chain from version 2 on that drops one worker's batch
+        prev = pb.Signed.FromString(original[1])
+        victim = None
+        for v in (2, 3):
+            st = pb.ContributionStatement.FromString(pb.Signed.FromString(original[v]).body)
+            if v == 2:
+                victim = pb.CreditedBatch()
+                victim.CopyFrom(st.batches[0])
+                del st.batches[0]
+                del st.peers[:]
+                st.peers.extend(credit.peer_totals(st.batches))
+                st.groups, st.tokens = sum(len(b.prompt_indices) for b in st.batches), sum(b.tokens for b in st.batches)
+            st.prev_sha256 = credit.statement_sha256(prev)
+            prev = credit.sign_statement(trainer.identity, st)
+            db.execute("UPDATE statements SET envelope = ?, sha256 = ? WHERE job_id = ? AND version = ?",
+                       (prev.SerializeToString(), credit.statement_sha256(prev), job.job_id, v))
+        db.commit()
+        code, report = _audit(capsys, endpoint, job.job_id)
+        assert code == 0   # without receipts the books look whole: the omission is the worker's to prove
+        code, report = _audit(capsys, endpoint, job.job_id, "--receipts", str(tmp / "receipts"))
+        assert code == 1
+        assert [(f["reason"], f["batchId"], f["peerId"]) for f in report["findings"]] == [
+            ("omitted_group", bytes(victim.batch_id).hex(), victim.peer_id)]
+    finally:
+        for v, e in original.items():
+            db.execute("UPDATE statements SET envelope = ?, sha256 = ? WHERE job_id = ? AND version = ?",
+                       (e, credit.statement_sha256(pb.Signed.FromString(e)), job.job_id, v))
+        db.commit()
+        db.close()
+
+
+def test_credit_adds_up_against_the_step_rows(served) -> None:
+    trainer, job, _, _ = served
+    chain = credit.verify_chain(trainer.ledger.statements(job.job_id, 0, 100), job_id=job.job_id,
+                                trainer_id=trainer.identity.peer_id)
+    assert sum(s.groups for s in chain) == sum(int(r["groups_trained"]) for r in trainer.ledger.steps(job.job_id))
+
+
+def test_a_job_it_cannot_reach_is_one_line_and_exit_2(served, capsys) -> None:
+    _, job, endpoint, _ = served
+    assert main(["audit", "no-such-job", "--trainer", endpoint]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not host job" in err[0]
+    assert main(["audit", job.job_id, "--trainer", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot reach" in err[0]
