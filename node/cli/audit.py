@@ -12,24 +12,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sqlite3
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from swarmrl.node.cli.checks import UsageError, endpoint, int_at_least, nonempty, sha256_hex
+from swarmrl.node.cli.checks import UsageError, endpoint, int_at_least, nonempty, positive_float, sha256_hex
 
 if TYPE_CHECKING:
-    from swarmrl.protocol.identity import Identity
     from swarmrl.protocol.pb import swarm_pb2 as pb
 
 EXIT_CLEAN, EXIT_FINDINGS = 0, 1
-
-
-class AuditUnreachable(ValueError):
-    """The trainer could not be reached, or does not host the job (exit 2, one line)."""
 
 
 def add_parser(sub: Any, make: Any) -> None:
@@ -45,6 +38,9 @@ def add_parser(sub: Any, make: Any) -> None:
     a.add_argument("--adapters", type=int_at_least(0), default=1,
                    help="versions besides the head whose signed update is checked against the statement")
     a.add_argument("--seed", type=int, default=None, help="the sample's seed (default: random)")
+    a.add_argument("--fresh-s", type=positive_float, default=None, metavar="SECONDS",
+                   help="a credited batch of a statement newer than this the trainer must still serve, else "
+                        "unknown_batch (older ones may be compacted; default: 1800, half the trainer's default ledger_keep_s)")
     a.add_argument("--receipts", type=Path, default=None, metavar="PATH",
                    help="a worker's receipt store (a <peer id>.sqlite file, or the receipts/ folder of its cache)")
     a.add_argument("--key", type=Path, default=None, help="the auditor's key file, to sign the report (created)")
@@ -70,7 +66,7 @@ def _receipt_envelopes(path: Path, job_id: str) -> list[pb.Signed]:
 
 
 def run_audit(args: argparse.Namespace) -> int:
-    """Audit the job (module docstring); returns the exit code.
+    """Audit the job (module docstring, `submitter.audit.audit_job`); returns the exit code.
 
     Raises:
         AuditUnreachable: the trainer can't be reached or does not host the job.
@@ -78,16 +74,16 @@ def run_audit(args: argparse.Namespace) -> int:
     """
     import grpc
 
+    from swarmrl.node.submitter.audit import FRESH_S, AuditPlan, AuditUnreachable, audit_job
     from swarmrl.node.submitter.audit_client import AuditClient
+    from swarmrl.protocol.identity import Identity
 
     receipts = _receipt_envelopes(args.receipts, args.job_id) if args.receipts is not None else None
-    client = AuditClient(args.trainer, args.tls_sha256)
+    auditor = Identity.load_or_create(args.key) if args.key is not None else Identity.generate()
+    plan = AuditPlan(sample=args.sample, adapters=args.adapters, seed=args.seed, fresh_s=FRESH_S if args.fresh_s is None else args.fresh_s)
     try:
-        status = client.status(args.job_id)
-        if status.state == "unknown":
-            raise AuditUnreachable(f"the trainer at {args.trainer} does not host job {args.job_id!r}")
-        envelopes = client.statements(args.job_id)
-        report, auditor = _audit(client, args, status, envelopes, receipts)
+        report = audit_job(AuditClient(args.trainer, args.tls_sha256), args.job_id, plan, auditor,
+                           trainer_id=args.trainer_id, receipts=receipts)
     except grpc.RpcError as exc:
         code = exc.code().name if hasattr(exc, "code") else "error"
         raise AuditUnreachable(f"cannot reach the trainer at {args.trainer} ({code}); is it running, and is "
@@ -98,64 +94,6 @@ def run_audit(args: argparse.Namespace) -> int:
 
         write_report(args.report, sign_report(auditor, report))
     return EXIT_FINDINGS if report.findings else EXIT_CLEAN
-
-
-def _audit(client: Any, args: argparse.Namespace, status: pb.JobStatus, envelopes: list[pb.Signed],
-           receipts: list[pb.Signed] | None) -> tuple[pb.AuditReport, Identity]:
-    """The audit's report and the identity that signs it (--key, else a fresh one)."""
-    from swarmrl.protocol import audit, credit
-    from swarmrl.protocol.jobspec import JobSpec
-
-    job_id, trainer_id = args.job_id, args.trainer_id or status.trainer_id
-    statements, findings = audit.check_chain(envelopes, job_id=job_id, trainer_id=trainer_id)
-    heads = {pb_version(e): credit.statement_sha256(e) for e in envelopes}
-    rng = random.Random(args.seed)
-    if statements:
-        versions = [statements[-1].version] + rng.sample([s.version for s in statements[:-1]],
-                                                         min(args.adapters, len(statements) - 1))
-        by_version = {s.version: s for s in statements}
-        for v in versions:
-            header = client.update_header(job_id, v, trainer_id)
-            if header is None:
-                continue
-            try:
-                credit.check_adapter(by_version[v], header)
-            except credit.CreditError as exc:
-                findings.append(audit.finding(exc.reason, version=v, detail=exc.detail))
-    credited = [(s.version, b) for s in statements for b in s.batches]
-    sample = credited if args.sample == 0 else rng.sample(credited, min(args.sample, len(credited)))
-    served = client.batches(job_id, [bytes(b.batch_id).hex() for _, b in sample])
-    unavailable = 0
-    for v, b in sample:
-        got = served.get(bytes(b.batch_id).hex())
-        if got is None and bytes(b.batch_id).hex() not in served:
-            unavailable += 1   # compacted (older than the trainer's ledger_keep_s), or never there
-        findings += audit.check_batch(job_id, v, b, got) if got is not None else []
-    checked_receipts = pending = 0
-    if receipts is not None:
-        spec = JobSpec.from_json(status.spec_json)
-        final = spec.steps if statements and statements[-1].version >= spec.steps else None
-        found, checked_receipts, pending = audit.check_receipts(
-            receipts, statements, job_id=job_id, trainer_id=trainer_id, max_async_level=spec.max_async_level,
-            final_version=final)
-        findings += found
-    from swarmrl.protocol.identity import Identity
-
-    auditor = Identity.load_or_create(args.key) if args.key is not None else Identity.generate()
-    return audit.audit_report(job_id, trainer_id, statements, heads, findings, batches_checked=len(sample) - unavailable,
-                              batches_unavailable=unavailable, receipts_checked=checked_receipts,
-                              receipts_pending=pending, auditor_id=auditor.peer_id,
-                              created_ms=int(time.time() * 1000)), auditor
-
-
-def pb_version(envelope: pb.Signed) -> int:
-    """The version a signed statement claims (0 when its body does not parse)."""
-    from swarmrl.protocol.pb import swarm_pb2 as pb
-
-    try:
-        return int(pb.ContributionStatement.FromString(envelope.body).version)
-    except Exception:  # noqa: BLE001 - a trainer can serve anything
-        return 0
 
 
 def _output(args: argparse.Namespace, report: pb.AuditReport) -> None:

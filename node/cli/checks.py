@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from swarmrl.node.runtime import config as cfgmod
+from swarmrl.protocol.red_team_modes import TRAINER_MODES
 
 EXIT_RUNTIME, EXIT_USAGE, EXIT_INTERRUPTED = 1, 2, 130   # node.cli.main's EPILOG says when each is returned
 
@@ -129,18 +130,25 @@ def unknown_option(parser: argparse.ArgumentParser, tokens: list[str]) -> str | 
 # ---- checks before any work: each raises UsageError naming what to change ------------------------
 
 
-def red_team_modes(text: str) -> list[str]:
-    """`up --red-team`: "all", or comma-separated mode names (blank: none), as a list of modes.
+def red_team_modes(text: str) -> tuple[list[str], str | None]:
+    """`up --red-team`: "all" (every worker mode), or comma-separated mode names (blank: none):
+    worker modes (an adversarial worker each) and at most one trainer mode (the first trainer
+    cooks its credit books: `TRAINER_MODES`). Returns (worker modes, the trainer mode or None).
 
     Raises:
-        UsageError: an unknown mode (the message lists the known ones).
+        UsageError: an unknown mode (the message lists the known ones), or two trainer modes.
     """
     if text == "all":
-        return list(cfgmod.RED_TEAM_MODES)
+        return list(cfgmod.RED_TEAM_MODES), None
+    names = [m.strip() for m in text.split(",") if m.strip()]
+    trainer = [m for m in names if m in TRAINER_MODES]
+    if len(trainer) > 1:
+        raise UsageError(f"--red-team: one trainer mode at a time, got {', '.join(trainer)}")
     try:
-        return [cfgmod.check_red_team_mode(m.strip()) for m in text.split(",") if m.strip()]
+        workers = [cfgmod.check_red_team_mode(m) for m in names if m not in TRAINER_MODES]
     except ValueError as exc:
-        raise UsageError(f"--red-team: {exc}") from None
+        raise UsageError(f"--red-team: {exc}; trainer modes: {', '.join(TRAINER_MODES)}") from None
+    return workers, trainer[0] if trainer else None
 
 
 def parse_threads(text: str) -> dict[str, int]:

@@ -56,6 +56,7 @@ from swarmrl.node.cli.checks import (
 from swarmrl.node.cli.native import apply_native_defaults
 from swarmrl.node.cli.status import cmd_status
 from swarmrl.node.runtime import config as cfgmod
+from swarmrl.protocol.red_team_modes import TRAINER_MODES
 
 EPILOG = """\
 exit codes:
@@ -239,8 +240,8 @@ def _up_parser(sub: SubParsers) -> None:
     up.add_argument("--threads", default="", metavar="ROLE=N,...",
                     help=f"torch threads per role ({', '.join(THREAD_ROLES)}), e.g. trainer=2,worker=1 (default: 1)")
     up.add_argument("--red-team", default="", metavar="MODES",
-                    help="adversarial workers, one per mode, comma-separated, or 'all': "
-                         + ", ".join(cfgmod.RED_TEAM_MODES) + " (default: none)")
+                    help=f"adversarial workers, one per mode, comma-separated, or 'all': {', '.join(cfgmod.RED_TEAM_MODES)}"
+                         f"; one trainer mode (cooked credit books): {', '.join(TRAINER_MODES)} (default: none)")
     up.add_argument("--netns", action="store_true",
                     help="run the roles on a test bed of Linux network namespaces (root): a slow lossy link, "
                          "a worker behind NAT (node/local/netns.py)")
@@ -352,7 +353,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     """Check every `up` argument (before torch is imported), then run the local swarm to the end
     of its job (node/local/up.py), or of its jobs when several are given (node/local/many.py)."""
-    red_team = red_team_modes(args.red_team)
+    red_team, trainer_red_team = red_team_modes(args.red_team)
     threads = parse_threads(args.threads)
     job, flags = up_job_fields(args)
     check_writable(args.out, "--out")
@@ -361,12 +362,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     precheck_job_fields({**job, **flags}, "job")
     from swarmrl.node.local.jobs_plan import plan_jobs
 
-    sources = plan_jobs(args.job_file, args.jobs, args.weights, args.trainers, red_team)
+    sources = plan_jobs(args.job_file, args.jobs, args.weights, args.trainers, red_team + [m for m in [trainer_red_team] if m])
     from swarmrl.node.local.up import UpOptions, run_up
 
     opts = UpOptions(out=args.out, model=args.model, workers=args.workers, trainers=args.trainers or 1,
                      cache_dir=args.cache_dir, threads=threads, timeout_s=args.timeout, red_team=red_team,
-                     job_overrides=job, job_file=args.job_file[0] if args.job_file else None,
+                     trainer_red_team=trainer_red_team, job_overrides=job,
+                     job_file=args.job_file[0] if args.job_file else None,
                      worker_overrides=[f"backend={json.dumps(args.backend)}"], netns=args.netns, tls=args.tls,
                      eval_n=0 if args.no_eval else args.eval_n, **flags)
     if not args.job_file and opts.model is None:

@@ -154,6 +154,15 @@ def print_summary(summary: dict[str, Any], out: Path, console: Console | None = 
         table.add_row("trainer disk", f"{d['trainer_bytes'] / 1e6:.2f} MB at the end, "
                       f"{d['trainer_peak_bytes'] / 1e6:.2f} MB at most")
     table.add_row("peers", str(len(summary["peers"])))
+    if "audit" in summary:
+        a = summary["audit"]
+        reasons = ", ".join(f"{r} {n}" for r, n in sorted(a.get("by_reason", {}).items()))
+        table.add_row("credit audit" + (f" (trainer red team: {summary['trainer_red_team']})"
+                                        if summary.get("trainer_red_team") else ""),
+                      a["error"] if "error" in a else
+                      f"{a['findings']} findings{' (' + reasons + ')' if reasons else ''}, honest flagged "
+                      f"{a['honest_flagged']}; {a['statements']} statements, {a['batches_checked']} batches, "
+                      f"{a['receipts_checked']} receipts checked in {a['seconds']:.2f} s")
     if summary.get("red_team"):
         table.add_row("honest_banned", str(summary["honest_banned"]))
         table.add_row("groups_dropped_banned", str(summary["groups_dropped_banned"]))

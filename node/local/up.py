@@ -21,6 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
+from swarmrl.node.local.credit_audit import audit_summary
 from swarmrl.node.local.endpoints import collect_endpoints, describe, write_endpoints
 from swarmrl.node.local.interrupt import (
     RunSoFar,
@@ -75,6 +76,7 @@ class UpOptions:
     threads: dict[str, int] = field(default_factory=dict)
     timeout_s: float = 3600.0
     red_team: list[str] = field(default_factory=list)
+    trainer_red_team: str | None = None   # the first trainer cooks its credit books (node/trainer/red_team.py)
     job_overrides: dict[str, Any] = field(default_factory=dict)   # nested job fields (from -j), over the job
     worker_overrides: list[str] = field(default_factory=list)   # extra `key=value` worker config (e.g. gossip=false)
     job_file: Path | None = None   # JOB.toml as `swarmrl submit` takes it (None: the built-in job on `model`)
@@ -215,7 +217,8 @@ def _start_trainers(swarm: LocalSwarm, names: list[str], keys: dict[str, Identit
             f"state_dir={json.dumps(str(work / name))}", f"ready_file={json.dumps(str(work / (name + '.ready')))}",
             f"trusted_validators={json.dumps([keys['validator'].peer_id])}", "metrics_port=0",
             f"submitter_weight_caps={json.dumps({keys['submitter'].peer_id: MAX_WEIGHT})}",   # its own job: any weight
-            f"threads={opts.threads.get('trainer', 1)}"] + (several if len(names) > 1 else []),
+            f"threads={opts.threads.get('trainer', 1)}"] + (several if len(names) > 1 else [])
+            + ([f"red_team={json.dumps(opts.trainer_red_team)}"] if rank == 0 and opts.trainer_red_team else []),
             threads=opts.threads.get("trainer", 1))
     return [swarm.wait_ready(n, work / f"{n}.ready", timeout_s=300)["endpoint"] for n in names]
 
@@ -292,6 +295,10 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path,
     summary = summarize(status, spec, job_id, version, adapter_hash, workers_state, keys, time.monotonic() - t0)
     summary.update(red_team_summary(status, adversaries, adversaries_state, keys, workers))
     summary["disk"] = disk.report()
+    summary["audit"] = audit_summary(endpoint, job_id, {w: keys[w] for w in [*workers, *adversaries]}, workers,
+                                     opts.cache_dir)
+    if opts.trainer_red_team:
+        summary["trainer_red_team"] = opts.trainer_red_team
     statuses = [status] + [job_status(ep, job_id, history=spec.steps) for ep in endpoints[1:]]
     figures = swarm_figures(statuses, workers_state, job_id,
                             base_model_bytes(find_base_model(spec.base_model, opts.cache_dir)))

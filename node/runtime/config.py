@@ -164,6 +164,8 @@ class TrainerConfig(_Config):
     averaging_matchmaking_s: float = Field(2.0, gt=0)   # how long a round waits for cotrainers to join
     averaging_timeout_s: float = Field(60.0, gt=0)      # an averaging round (or a state download) gives up after this
     fault: Literal["nan_gradients"] | None = None   # fault drill (local tests only)
+    # cooked credit books (local drills only; node/trainer/red_team.py, protocol.red_team_modes.TRAINER_MODES)
+    red_team: Literal["omit_groups", "sybil_credit", "misstated_adapter"] | None = None
     # disk (node/trainer/retention.py): versions kept servable behind the job's staleness window
     # (floor = head - max_async_level - keep_versions; older deltas and snapshots are deleted), and
     # spare snapshots above that floor (periodic ones and those rebuilt on request)

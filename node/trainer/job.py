@@ -29,6 +29,7 @@ from swarmrl.node.trainer.cotraining import CotrainerSync
 from swarmrl.node.trainer.learner import Learner
 from swarmrl.node.trainer.ledger import Ledger, PendingGroup
 from swarmrl.node.trainer.outer import OuterOptimizer
+from swarmrl.node.trainer.red_team import StatementDrill
 from swarmrl.node.trainer.statements import StatementBook
 from swarmrl.protocol import adapter as ad
 from swarmrl.protocol import delta_codec as dc
@@ -82,6 +83,7 @@ class JobRuntime:
         monotonic: Callable[[], float] | None = None,
         wrap_reducer: ReducerWrap | None = None, dataset: bytes | None = None, device: str = "cpu",
         ledger_keep_ms: int = LEDGER_KEEP_MS, weight: float | None = None,
+        statement_drill: StatementDrill | None = None,
     ) -> None:
         self.weight = spec.weight if weight is None else weight
         if not 0 < self.weight <= spec.weight:
@@ -107,7 +109,8 @@ class JobRuntime:
         self.batches_without_signal = 0   # consumed batches that changed nothing, since the last version
         self.outer = OuterOptimizer(spec, self.learner.params) if spec.diloco else None   # DiLoCo (`outer`)
         self._resume()
-        self.statements = StatementBook(job_id, identity, ledger, self.store, self.now_ms)   # `protocol.credit`
+        self.statements = StatementBook(job_id, identity, ledger, self.store, self.now_ms,   # `protocol.credit`
+                                        drill=statement_drill)
         self.statements.fill(self.version)   # a step that crashed before its statement: an empty one
         limits = job_limits(spec, self.env, vocab_size(self.learner.model))
         self.admission = Admission(job_id, spec, ledger, limits=limits, prompt_ids=self.prompt_ids_of,

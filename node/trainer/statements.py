@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable
 
 from swarmrl.node.trainer.adapter_store import AdapterStore
 from swarmrl.node.trainer.ledger import Ledger
+from swarmrl.node.trainer.red_team import StatementDrill
 from swarmrl.protocol.credit import ConsumedGroup, build_statement, sign_statement, statement_sha256
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -28,11 +29,13 @@ MAX_STATEMENTS = 64       # the most one call returns
 class StatementBook:
     """The signed statements of one job at this trainer. Thread-safe (one statement at a time).
 
-    now_ms: the job's clock (unix ms), for `created_ms`."""
+    now_ms: the job's clock (unix ms), for `created_ms`; drill: a cheating trainer's lies
+    (`red_team.StatementDrill`, local drills only; None: the truth)."""
 
     def __init__(self, job_id: str, identity: Identity, ledger: Ledger, store: AdapterStore,
-                 now_ms: Callable[[], int]) -> None:
+                 now_ms: Callable[[], int], drill: StatementDrill | None = None) -> None:
         self.job_id, self.identity, self.ledger, self.store, self.now_ms = job_id, identity, ledger, store, now_ms
+        self.drill = drill
         self._lock = threading.Lock()
         self._head = ledger.last_statement(job_id)
 
@@ -76,7 +79,10 @@ class StatementBook:
     def _state(self, version: int, trained: list[ConsumedGroup], trained_ids: list[int]) -> pb.Signed:
         update = self.store.header(version) or pb.AdapterUpdate(job_id=self.job_id, to_version=version)
         listed, dropped = self.ledger.unstated_drops(self.job_id)
-        statement = build_statement(self.job_id, version, update, self._head, trained, dropped, self.now_ms())
+        credited: list[ConsumedGroup] = trained
+        if self.drill is not None:   # the ledger records the truth (trained_ids); the statement lies
+            credited, update = self.drill.trained(version, trained), self.drill.update(update)
+        statement = build_statement(self.job_id, version, update, self._head, credited, dropped, self.now_ms())
         envelope = sign_statement(self.identity, statement)
         stored = self.ledger.record_statement(self.job_id, version, envelope, trained=trained_ids, listed=listed)
         if stored is not envelope:

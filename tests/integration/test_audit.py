@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,7 @@ from swarmrl.node.runtime.config import TrainerConfig
 from swarmrl.node.submitter.client import sign_job
 from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.node.trainer.hosting import Trainer
+from swarmrl.node.trainer.job import JobRuntime
 from swarmrl.node.trainer.service import serve
 from swarmrl.node.worker.receipts import ReceiptStore
 from swarmrl.protocol import credit, receipts, signing
@@ -27,17 +29,16 @@ pytestmark = pytest.mark.integration
 WORKERS = [Identity.from_seed(bytes([65 + i]) * 32) for i in range(2)]
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory, model_cache):
-    tmp = tmp_path_factory.mktemp("audit")
-    identity = Identity.from_seed(b"T" * 32)
-    trainer = Trainer(TrainerConfig(state_dir=tmp / "trainer", cache_dir=model_cache), identity)
-    spec = builtin_job("tiny", model_cache, steps=3, batch_groups=2, group_size=2, prompts_per_lease=1)
+def run_tiny_job(trainer: Trainer, receipts_dir: Path) -> tuple[JobRuntime, list[ReceiptStore]]:
+    """Submit the tiny job (3 steps, 2 groups each) to `trainer` and drive it to the end through
+    its admission with two workers' signed batches; each worker keeps the trainer's receipts in
+    `receipts_dir`. Returns the job and the receipt stores (the caller closes them)."""
+    spec = builtin_job("tiny", trainer.cfg.cache_dir, steps=3, batch_groups=2, group_size=2, prompts_per_lease=1)
     ack = trainer.submit_job(sign_job(Identity.generate(), spec))
     assert ack.accepted, ack.reason
     job = trainer.jobs[ack.job_id]
-    (tmp / "receipts").mkdir(exist_ok=True)
-    stores = {w.peer_id: ReceiptStore(tmp / "receipts" / f"{w.peer_id}.sqlite") for w in WORKERS}
+    receipts_dir.mkdir(exist_ok=True)
+    stores = {w.peer_id: ReceiptStore(receipts_dir / f"{w.peer_id}.sqlite") for w in WORKERS}
     while not job.done:
         for w in WORKERS:
             reply = job.admission.request_lease(w.peer_id, pb.LeaseRequest(job_id=job.job_id, max_prompts=1))
@@ -47,14 +48,22 @@ def served(tmp_path_factory, model_cache):
             body = pb.RolloutBatch(job_id=job.job_id, lease_id=reply.lease.lease_id, peer_id=w.peer_id, groups=[group])
             env = signing.sign(w, signing.ROLLOUT_BATCH, body)
             answer = trainer.admit(env)
-            kept = receipts.verify_receipt(answer, body, signing.envelope_id(env), identity.peer_id)
+            kept = receipts.verify_receipt(answer, body, signing.envelope_id(env), trainer.identity.peer_id)
             assert kept.admitted and stores[w.peer_id].add(answer.signed)
         if job.ready():
             job.train_step()
+    return job, list(stores.values())
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, model_cache):
+    tmp = tmp_path_factory.mktemp("audit")
+    trainer = Trainer(TrainerConfig(state_dir=tmp / "trainer", cache_dir=model_cache), Identity.from_seed(b"T" * 32))
+    job, stores = run_tiny_job(trainer, tmp / "receipts")
     server, port = serve(trainer, "127.0.0.1", 0, 16)
     yield trainer, job, f"127.0.0.1:{port}", tmp
     server.stop(0)
-    for s in stores.values():
+    for s in stores:
         s.close()
     trainer.ledger.close()
 

@@ -97,6 +97,9 @@ def test_rewards_in_range(run_dir):
 def test_worker_and_trainer_adapters_agree(run_dir):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["adapter_hash_agreement"] is True
+    audit = summary["audit"]   # the audit at the end: an honest trainer's books add up
+    assert audit["findings"] == 0 and audit["statements"] == summary["final_version"], audit
+    assert audit["receipts_checked"] > 0 and audit["batches_checked"] > 0
     for worker in summary["worker_adapters"].values():
         assert worker["hash"] == summary["adapter_hash"]
 

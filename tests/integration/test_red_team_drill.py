@@ -42,6 +42,7 @@ def test_every_mode_is_detected_and_banned(summary: dict) -> None:
 
 def test_no_honest_worker_is_banned_and_the_job_finishes(summary: dict) -> None:
     assert summary["honest_banned"] == 0
+    assert summary["audit"]["honest_flagged"] == 0, summary["audit"]   # no honest worker credited for a cheat's work
     assert summary["steps"] == STEPS and summary["adapter_hash_agreement"] is True
 
 

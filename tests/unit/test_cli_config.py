@@ -38,13 +38,28 @@ def test_unknown_red_team_mode_is_refused_before_anything_starts(tmp_path, capsy
     assert "unknown red-team mode 'bogus'" in capsys.readouterr().err and not out.exists()
 
 
+def test_trainer_red_team_modes_parse_beside_the_workers_one_at_a_time(tmp_path, capsys):
+    from swarmrl.node.cli.checks import UsageError, red_team_modes
+
+    assert red_team_modes("replay, omit_groups") == (["replay"], "omit_groups")
+    assert red_team_modes("sybil_credit") == ([], "sybil_credit") and red_team_modes("") == ([], None)
+    assert red_team_modes("all")[1] is None   # 'all': every worker mode; trainer modes are one at a time
+    with pytest.raises(UsageError, match="one trainer mode at a time"):
+        red_team_modes("omit_groups,misstated_adapter")
+    out = tmp_path / "run"
+    assert main(["up", "--model", "tiny", "--red-team", "omit_groups,sybil_credit", "--out", str(out)]) == 2
+    assert "one trainer mode at a time" in capsys.readouterr().err and not out.exists()
+
+
 def test_up_help_lists_every_red_team_mode(capsys):
     from swarmrl.node.worker.red_team import MODES
+    from swarmrl.protocol.red_team_modes import TRAINER_MODES
 
     with pytest.raises(SystemExit):
         main(["up", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert all(m in text for m in MODES) and "'all'" in text
+    assert all(m in text for m in TRAINER_MODES)
 
 
 def test_job_overrides_merge_field_by_field(model_cache):

@@ -1,0 +1,125 @@
+"""One audit of a trainer's credit books over gRPC (issue 27 item 3, docs/CREDIT.md): what
+`swarmrl audit JOB` runs, and `swarmrl up` at the end of every run.
+
+It checks the trainer's statements as a chain, the signed update of the head version (and
+`adapters` more) against its statement, a sample of credited batches against their workers'
+signatures, and (given them) a worker's receipts. A credited batch the trainer no longer serves
+is `unavailable` when its statement is older than `fresh_s` (compaction clears a finished batch
+`ledger_keep_s` after it arrived, an hour by default), and `unknown_batch` when it is newer: a
+batch credited minutes ago that the trainer can't serve was never there.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from swarmrl.protocol import audit, credit
+from swarmrl.protocol.jobspec import JobSpec
+from swarmrl.protocol.pb import swarm_pb2 as pb
+
+if TYPE_CHECKING:
+    from swarmrl.node.submitter.audit_client import AuditClient
+    from swarmrl.protocol.identity import Identity
+
+FRESH_S = 1800.0   # half the trainer's default ledger_keep_s: batches credited since then must be served
+
+
+@dataclass(frozen=True)
+class AuditPlan:
+    """How much one audit checks.
+
+    sample: credited batches fetched and checked (0: all); adapters: versions besides the head
+    whose signed update is checked against its statement; seed: the sample's (None: random);
+    fresh_s: seconds within which a credited batch must still be served (see the module)."""
+
+    sample: int = 64
+    adapters: int = 1
+    seed: int | None = None
+    fresh_s: float = FRESH_S
+
+
+class AuditUnreachable(ValueError):
+    """The trainer could not be reached, or does not host the job."""
+
+
+def audit_job(client: AuditClient, job_id: str, plan: AuditPlan, auditor: Identity, *, trainer_id: str = "",
+              receipts: Sequence[pb.Signed] | None = None) -> pb.AuditReport:
+    """Audit `job_id` at the trainer behind `client` (its peer id `trainer_id`; default: the one
+    its status names), signed later by `auditor`. Returns the report (its findings empty when the
+    books add up).
+
+    Raises:
+        AuditUnreachable: the trainer does not host the job.
+        grpc.RpcError: the trainer can't be reached.
+    """
+    status = client.status(job_id)
+    if status.state == "unknown":
+        raise AuditUnreachable(f"the trainer does not host job {job_id!r}")
+    envelopes = client.statements(job_id)
+    trainer_id = trainer_id or status.trainer_id
+    statements, findings = audit.check_chain(envelopes, job_id=job_id, trainer_id=trainer_id)
+    heads = {statement_version(e): credit.statement_sha256(e) for e in envelopes}
+    rng = random.Random(plan.seed)
+    findings += _adapter_findings(client, job_id, trainer_id, statements, plan.adapters, rng)
+    credited = [(s, b) for s in statements for b in s.batches]
+    sample = credited if plan.sample == 0 else rng.sample(credited, min(plan.sample, len(credited)))
+    served = client.batches(job_id, [bytes(b.batch_id).hex() for _, b in sample])
+    fresh_ms = int((time.time() - plan.fresh_s) * 1000)
+    unavailable = 0
+    for st, b in sample:
+        got = served.get(bytes(b.batch_id).hex())
+        if got is not None:
+            findings += audit.check_batch(job_id, st.version, b, got)
+        elif st.created_ms >= fresh_ms:
+            findings.append(audit.finding(audit.UNKNOWN_BATCH, version=st.version, peer_id=b.peer_id,
+                                          batch_id=bytes(b.batch_id).hex(),
+                                          detail=f"credited {(time.time() * 1000 - st.created_ms) / 1000:.0f} s ago, "
+                                                 "and the trainer does not serve it"))
+        else:
+            unavailable += 1   # compacted (older than the trainer's ledger_keep_s)
+    checked_receipts = pending = 0
+    if receipts is not None:
+        spec = JobSpec.from_json(status.spec_json)
+        final = spec.steps if statements and statements[-1].version >= spec.steps else None
+        found, checked_receipts, pending = audit.check_receipts(
+            receipts, statements, job_id=job_id, trainer_id=trainer_id, max_async_level=spec.max_async_level,
+            final_version=final)
+        findings += found
+    return audit.audit_report(job_id, trainer_id, statements, heads, findings,
+                              batches_checked=len(sample) - unavailable, batches_unavailable=unavailable,
+                              receipts_checked=checked_receipts, receipts_pending=pending,
+                              auditor_id=auditor.peer_id, created_ms=int(time.time() * 1000))
+
+
+def _adapter_findings(client: AuditClient, job_id: str, trainer_id: str,
+                      statements: Sequence[pb.ContributionStatement], adapters: int,
+                      rng: random.Random) -> list[pb.AuditFinding]:
+    """Check the head's signed update, and `adapters` other versions' picked by `rng`, against
+    their statements (`credit.check_adapter`); versions whose update is no longer kept are skipped."""
+    if not statements:
+        return []
+    versions = [statements[-1].version] + rng.sample([s.version for s in statements[:-1]],
+                                                     min(adapters, len(statements) - 1))
+    by_version = {s.version: s for s in statements}
+    out: list[pb.AuditFinding] = []
+    for v in versions:
+        header = client.update_header(job_id, v, trainer_id)
+        if header is None:
+            continue
+        try:
+            credit.check_adapter(by_version[v], header)
+        except credit.CreditError as exc:
+            out.append(audit.finding(exc.reason, version=v, detail=exc.detail))
+    return out
+
+
+def statement_version(envelope: pb.Signed) -> int:
+    """The version a signed statement claims (0 when its body does not parse)."""
+    try:
+        return int(pb.ContributionStatement.FromString(envelope.body).version)
+    except Exception:  # noqa: BLE001 - a trainer can serve anything
+        return 0
