@@ -29,6 +29,7 @@ NOT_ADMITTED = "not_admitted"      # credited indices not among the batch's grou
 OMITTED_GROUP = "omitted_group"    # a receipted admitted group neither credited nor dropped once due
 FORGED_RECEIPT = "forged_receipt"  # a receipt not signed by the job's trainer, or not about the job
 RECORD_MISMATCH = "record_mismatch"  # the job record's head statement is not in the chain served
+FRESH_S = 1800.0   # half the trainer's default ledger_keep_s: a batch credited since then must still be served
 REASONS = credit.REASONS | {UNKNOWN_BATCH, FORGED_BATCH, WRONG_WORKER, NOT_ADMITTED, OMITTED_GROUP, FORGED_RECEIPT,
                             RECORD_MISMATCH}
 
@@ -46,7 +47,7 @@ def check_chain(envelopes: Sequence[pb.Signed], *, job_id: str, trainer_id: str,
     try:
         return credit.verify_chain(envelopes, job_id=job_id, trainer_id=trainer_id), []
     except credit.CreditError as exc:
-        before = [e for e in envelopes if _version(e) < exc.version] if exc.version else \
+        before = [e for e in envelopes if statement_version(e) < exc.version] if exc.version else \
             envelopes[:_first_unreadable(envelopes, job_id, trainer_id)]
         good = credit.verify_chain(before, job_id=job_id, trainer_id=trainer_id)
         return good, [finding(exc.reason, version=exc.version or _version_after(good),
@@ -69,7 +70,9 @@ def _version_after(good: Sequence[pb.ContributionStatement]) -> int:
     return good[-1].version + 1 if good else 0
 
 
-def _version(envelope: pb.Signed) -> int:
+def statement_version(envelope: pb.Signed) -> int:
+    """The version a signed statement claims; 0 when its body does not parse (a trainer can
+    serve anything)."""
     try:
         return int(pb.ContributionStatement.FromString(envelope.body).version)
     except Exception:  # noqa: BLE001 - an unparseable body has no version

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from swarmrl.node.cli.checks import UsageError, endpoint, int_at_least, nonempty, positive_float, sha256_hex
+from swarmrl.protocol.audit import FRESH_S
 
 if TYPE_CHECKING:
     from swarmrl.protocol.pb import swarm_pb2 as pb
@@ -38,9 +39,10 @@ def add_parser(sub: Any, make: Any) -> None:
     a.add_argument("--adapters", type=int_at_least(0), default=1,
                    help="versions besides the head whose signed update is checked against the statement")
     a.add_argument("--seed", type=int, default=None, help="the sample's seed (default: random)")
-    a.add_argument("--fresh-s", type=positive_float, default=None, metavar="SECONDS",
+    a.add_argument("--fresh-s", type=positive_float, default=FRESH_S, metavar="SECONDS",
                    help="a credited batch of a statement newer than this the trainer must still serve, else "
-                        "unknown_batch (older ones may be compacted; default: 1800, half the trainer's default ledger_keep_s)")
+                        "unknown_batch (older ones may be compacted; default: half the trainer's default "
+                        "ledger_keep_s)")
     a.add_argument("--receipts", type=Path, default=None, metavar="PATH",
                    help="a worker's receipt store (a <peer id>.sqlite file, or the receipts/ folder of its cache)")
     a.add_argument("--key", type=Path, default=None, help="the auditor's key file, to sign the report (created)")
@@ -49,7 +51,7 @@ def add_parser(sub: Any, make: Any) -> None:
 
 
 def _receipt_envelopes(path: Path, job_id: str) -> list[pb.Signed]:
-    from swarmrl.node.worker.receipts import ReceiptStore
+    from swarmrl.node.worker.receipts import job_receipts
 
     files = sorted(path.glob("*.sqlite")) if path.is_dir() else [path]
     if not path.exists() or not files:
@@ -57,9 +59,7 @@ def _receipt_envelopes(path: Path, job_id: str) -> list[pb.Signed]:
     out: list[pb.Signed] = []
     for f in files:
         try:
-            store = ReceiptStore(f)
-            out += store.envelopes(job_id)
-            store.close()
+            out += job_receipts([f], job_id)
         except sqlite3.DatabaseError as exc:
             raise UsageError(f"--receipts {str(f)!r} is not a receipts file ({exc})") from exc
     return out
@@ -74,13 +74,13 @@ def run_audit(args: argparse.Namespace) -> int:
     """
     import grpc
 
-    from swarmrl.node.submitter.audit import FRESH_S, AuditPlan, AuditUnreachable, audit_job
+    from swarmrl.node.submitter.audit import AuditPlan, AuditUnreachable, audit_job
     from swarmrl.node.submitter.audit_client import AuditClient
     from swarmrl.protocol.identity import Identity
 
     receipts = _receipt_envelopes(args.receipts, args.job_id) if args.receipts is not None else None
     auditor = Identity.load_or_create(args.key) if args.key is not None else Identity.generate()
-    plan = AuditPlan(sample=args.sample, adapters=args.adapters, seed=args.seed, fresh_s=FRESH_S if args.fresh_s is None else args.fresh_s)
+    plan = AuditPlan(sample=args.sample, adapters=args.adapters, seed=args.seed, fresh_s=args.fresh_s)
     try:
         report = audit_job(AuditClient(args.trainer, args.tls_sha256), args.job_id, plan, auditor,
                            trainer_id=args.trainer_id, receipts=receipts)

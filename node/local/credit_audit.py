@@ -18,10 +18,9 @@ from typing import Any
 from swarmrl.node.models.base_model import default_cache_dir
 from swarmrl.node.submitter.audit import AuditPlan, audit_job
 from swarmrl.node.submitter.audit_client import AuditClient
-from swarmrl.node.worker.receipts import ReceiptStore, receipts_path
+from swarmrl.node.worker.receipts import job_receipts, receipts_path
 from swarmrl.protocol.audit import OMITTED_GROUP
 from swarmrl.protocol.identity import Identity
-from swarmrl.protocol.pb import swarm_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +33,8 @@ def audit_summary(endpoint: str, job_id: str, workers: dict[str, Identity], hone
     peer ids of keys not in the run: a sybil's), honest_flagged, statements, batches_checked, receipts_checked,
     seconds; {"error": ...} if the trainer could not be audited."""
     cache = default_cache_dir() if cache_dir is None else cache_dir
-    envelopes: list[pb.Signed] = []
-    for key in workers.values():
-        path = receipts_path(cache, key.peer_id)
-        if path.exists():
-            store = ReceiptStore(path)
-            envelopes += store.envelopes(job_id)
-            store.close()
+    paths = [receipts_path(cache, key.peer_id) for key in workers.values()]
+    envelopes = job_receipts([p for p in paths if p.exists()], job_id)
     t0 = time.perf_counter()
     try:
         report = audit_job(AuditClient(endpoint, b""), job_id, AuditPlan(sample=0, adapters=2, seed=0),

@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from swarmrl.node.submitter.audit_client import AuditClient
     from swarmrl.protocol.identity import Identity
 
-FRESH_S = 1800.0   # half the trainer's default ledger_keep_s: batches credited since then must be served
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class AuditPlan:
     sample: int = 64
     adapters: int = 1
     seed: int | None = None
-    fresh_s: float = FRESH_S
+    fresh_s: float = audit.FRESH_S
 
 
 class AuditUnreachable(ValueError):
@@ -62,13 +61,14 @@ def audit_job(client: AuditClient, job_id: str, plan: AuditPlan, auditor: Identi
     envelopes = client.statements(job_id)
     trainer_id = trainer_id or status.trainer_id
     statements, findings = audit.check_chain(envelopes, job_id=job_id, trainer_id=trainer_id)
-    heads = {statement_version(e): credit.statement_sha256(e) for e in envelopes}
+    heads = {audit.statement_version(e): credit.statement_sha256(e) for e in envelopes}
     rng = random.Random(plan.seed)
     findings += _adapter_findings(client, job_id, trainer_id, statements, plan.adapters, rng)
     credited = [(s, b) for s in statements for b in s.batches]
     sample = credited if plan.sample == 0 else rng.sample(credited, min(plan.sample, len(credited)))
     served = client.batches(job_id, [bytes(b.batch_id).hex() for _, b in sample])
-    fresh_ms = int((time.time() - plan.fresh_s) * 1000)
+    now_ms = int(time.time() * 1000)
+    fresh_ms = now_ms - int(plan.fresh_s * 1000)
     unavailable = 0
     for st, b in sample:
         got = served.get(bytes(b.batch_id).hex())
@@ -77,7 +77,7 @@ def audit_job(client: AuditClient, job_id: str, plan: AuditPlan, auditor: Identi
         elif st.created_ms >= fresh_ms:
             findings.append(audit.finding(audit.UNKNOWN_BATCH, version=st.version, peer_id=b.peer_id,
                                           batch_id=bytes(b.batch_id).hex(),
-                                          detail=f"credited {(time.time() * 1000 - st.created_ms) / 1000:.0f} s ago, "
+                                          detail=f"credited {(now_ms - st.created_ms) / 1000:.0f} s ago, "
                                                  "and the trainer does not serve it"))
         else:
             unavailable += 1   # compacted (older than the trainer's ledger_keep_s)
@@ -92,7 +92,7 @@ def audit_job(client: AuditClient, job_id: str, plan: AuditPlan, auditor: Identi
     return audit.audit_report(job_id, trainer_id, statements, heads, findings,
                               batches_checked=len(sample) - unavailable, batches_unavailable=unavailable,
                               receipts_checked=checked_receipts, receipts_pending=pending,
-                              auditor_id=auditor.peer_id, created_ms=int(time.time() * 1000))
+                              auditor_id=auditor.peer_id, created_ms=now_ms)
 
 
 def _adapter_findings(client: AuditClient, job_id: str, trainer_id: str,
@@ -116,10 +116,3 @@ def _adapter_findings(client: AuditClient, job_id: str, trainer_id: str,
             out.append(audit.finding(exc.reason, version=v, detail=exc.detail))
     return out
 
-
-def statement_version(envelope: pb.Signed) -> int:
-    """The version a signed statement claims (0 when its body does not parse)."""
-    try:
-        return int(pb.ContributionStatement.FromString(envelope.body).version)
-    except Exception:  # noqa: BLE001 - a trainer can serve anything
-        return 0

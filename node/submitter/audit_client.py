@@ -8,10 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from functools import partial
 
-from google.protobuf.message import DecodeError
-
 from swarmrl.node.net.grpc_retry import Backoff, call_with_backoff, stream_with_backoff
 from swarmrl.node.submitter.client import stub
+from swarmrl.protocol.audit import statement_version
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
 from swarmrl.protocol.updates import assemble
@@ -46,7 +45,7 @@ class AuditClient:
             if not page.statements:
                 break
             out += page.statements
-            after = max(after + 1, *(_version(e) for e in page.statements))
+            after = max(after + 1, *(statement_version(e) for e in page.statements))
         return out
 
     def batches(self, job_id: str, batch_ids: Iterable[str]) -> dict[str, pb.AdmittedBatch]:
@@ -75,12 +74,3 @@ class AuditClient:
         except Exception:  # noqa: BLE001 - OUT_OF_RANGE (pruned) or a bad stream: not available
             return None
         return None
-
-
-def _version(envelope: pb.Signed) -> int:
-    """The version a served statement claims; 0 when its body does not parse (a trainer can serve
-    anything: the chain check refuses it, paging goes on past the page's highest version)."""
-    try:
-        return int(pb.ContributionStatement.FromString(envelope.body).version)
-    except DecodeError:
-        return 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,3 +97,20 @@ class ReceiptStore:
         """Close the file."""
         with self._lock:
             self._db.close()
+
+
+def job_receipts(paths: Iterable[Path], job_id: str) -> list[pb.Signed]:
+    """Every signed receipt of `job_id` kept in the receipt stores at `paths` (each opened,
+    read and closed in turn), store by store.
+
+    Raises:
+        sqlite3.DatabaseError: a file that is not a receipt store.
+    """
+    out: list[pb.Signed] = []
+    for path in paths:
+        store = ReceiptStore(path)
+        try:
+            out += store.envelopes(job_id)
+        finally:
+            store.close()
+    return out
