@@ -203,8 +203,8 @@ def _drive(swarm: LocalSwarm, jobs: list[UpJob], opts: UpOptions, work: Path) ->
     for w in workers:   # no preferred trainer: the market spreads them over the jobs
         swarm.start(w, "worker", net + cache + [
             f"key={json.dumps(str(work / 'keys' / (w + '.key')))}", f"base_model={json.dumps(base)}",
-            f"ready_file={json.dumps(str(work / (w + '.ready')))}", "exit_when_done=true", "metrics_port=0",
-            f"threads={opts.threads.get('worker', 1)}", *worker_environments([j.spec for j in jobs]),
+            f"ready_file={json.dumps(str(work / (w + '.ready')))}", "exit_when_done=true", f"exit_after_jobs={len(jobs)}",
+            "metrics_port=0", f"threads={opts.threads.get('worker', 1)}", *worker_environments([j.spec for j in jobs]),
             *opts.worker_overrides], threads=opts.threads.get("worker", 1), nice=HELPER_NICE)
     vllm = f"backend={json.dumps('vllm')}" in opts.worker_overrides
     with console.status(f"waiting for {len(workers)} workers to load {base}"):

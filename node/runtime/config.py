@@ -230,6 +230,9 @@ class WorkerConfig(_Config):
     grade_timeout_s: float = Field(10.0, gt=0)
     poll_s: float = Field(1.0, gt=0)
     exit_when_done: bool = False         # stop once every job it knows is done
+    # with exit_when_done: stop only once at least this many jobs are done (a swarm whose jobs
+    # start at different times: a worker that saw one job end must not leave before the others)
+    exit_after_jobs: int = Field(1, ge=1)
     red_team: str | None = None          # adversarial mode (local drills only)
     ready_file: Path | None = None
     # delta gossip (swarm.catchup / swarm.gossip)

@@ -260,6 +260,13 @@ class PendingRound:
     control: StepControl
 
 
+START_TIMEOUT_S = 60.0   # the averager's process must be ready this soon (seconds), else AveragerStartFailed
+
+
+class AveragerStartFailed(RuntimeError):
+    """The averager's background process did not become ready in time (it was terminated)."""
+
+
 class GradientAveraging:
     """One job's gradient averager in a trainer (host side of an `ExactAverager` process).
 
@@ -270,7 +277,10 @@ class GradientAveraging:
 
     def __init__(self, dht: hivemind.DHT, job_id: str, template: Sequence[torch.Tensor], *,
                  matchmaking_s: float = 2.0, chunk_timeout_s: float = 30.0, allreduce_timeout_s: float = 60.0,
-                 kind: str = "avg") -> None:
+                 kind: str = "avg", start_timeout_s: float = START_TIMEOUT_S) -> None:
+        """Raises:
+            AveragerStartFailed: the averager's process was not ready within `start_timeout_s`
+                (it is terminated; the caller may try again later)."""
         self.dht = dht
         self.prefix = f"swarmrl_{kind}_{job_id}"
         self.matchmaking_s = matchmaking_s
@@ -279,10 +289,17 @@ class GradientAveraging:
         ctrl_c = signal.getsignal(signal.SIGINT)   # hivemind's run_in_background sets SIG_IGN in *this* process
         try:
             self.averager = ExactAverager(
-                tensors, dht, start=True, prefix=self.prefix, min_group_size=2, initial_group_bits="0" * VERSION_BITS,
+                tensors, dht, start=False, prefix=self.prefix, min_group_size=2, initial_group_bits="0" * VERSION_BITS,
                 min_matchmaking_time=matchmaking_s, request_timeout=min(1.0, matchmaking_s / 2),
                 next_chunk_timeout=chunk_timeout_s, allreduce_timeout=allreduce_timeout_s, declare_state_period=10.0,
             )
+            try:   # hivemind's start=True waits for the process with no limit: it hung a restarted trainer
+                self.averager.run_in_background(await_ready=True, timeout=start_timeout_s)
+            except TimeoutError as exc:
+                self.averager.terminate()
+                self.averager.join(5.0)
+                raise AveragerStartFailed(f"the averager's process was not ready after {start_timeout_s:.0f}s") \
+                    from exc
         finally:   # so a trainer with cotrainers still stops on Ctrl-C (its handler from node.runtime.lifecycle)
             if ctrl_c is not None:
                 signal.signal(signal.SIGINT, ctrl_c)

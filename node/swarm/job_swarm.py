@@ -28,7 +28,7 @@ from typing import Any
 import hivemind
 import torch
 
-from swarmrl.node.swarm.averaging import GradientAveraging
+from swarmrl.node.swarm.averaging import AveragerStartFailed, GradientAveraging
 from swarmrl.node.swarm.cotrainers import Cotrainers
 from swarmrl.node.swarm.dht import VerifiedRecord, find_jobs
 from swarmrl.node.swarm.outer_round import OuterRounds
@@ -67,19 +67,34 @@ class JobSwarm:
 
     def share(self, params: Sequence[torch.Tensor], provider: Callable[[], tuple[Any, list[torch.Tensor]]],
               priority: float) -> None:
-        """Start the averager (first time) and offer this trainer's state to cotrainers."""
+        """Start the averager (first time) and offer this trainer's state to cotrainers. An
+        averager that fails to start is counted (`averager_start_failed`) and tried again at the
+        next call; meanwhile the trainer steps alone."""
         if self.averaging is None:
             logging.getLogger("hivemind.averaging.averager").setLevel(logging.CRITICAL)  # lonely rounds are normal
-            self.averaging = GradientAveraging(self.dht, self.job_id, params, matchmaking_s=self.matchmaking_s,
-                                               chunk_timeout_s=self.timeout_s / 2, allreduce_timeout_s=self.timeout_s)
+            try:
+                self.averaging = GradientAveraging(self.dht, self.job_id, params, matchmaking_s=self.matchmaking_s,
+                                                   chunk_timeout_s=self.timeout_s / 2,
+                                                   allreduce_timeout_s=self.timeout_s)
+            except AveragerStartFailed as exc:
+                self.counters["averager_start_failed"] += 1
+                log.warning("job %s: %s; trying again at the next step", self.job_id[:12], exc)
+                return
             log.info("job %s: averaging gradients with %s", self.job_id[:12],
                      [c.trainer_id[:12] for c in self.cotrainers.live()])
         self.averaging.set_state(provider, priority)
 
-    def outer_rounds(self, params: Sequence[torch.Tensor], timeout_s: float) -> OuterRounds:
-        """DiLoCo's outer rounds of this job (started the first time; `node.swarm.outer_round`)."""
+    def outer_rounds(self, params: Sequence[torch.Tensor], timeout_s: float) -> OuterRounds | None:
+        """DiLoCo's outer rounds of this job (started the first time; `node.swarm.outer_round`);
+        None when their averager failed to start (counted; tried again next time: this outer
+        step goes alone)."""
         if self.outer is None:
-            self.outer = OuterRounds(self.dht, self.job_id, params, timeout_s=timeout_s, my_id=self.my_id)
+            try:
+                self.outer = OuterRounds(self.dht, self.job_id, params, timeout_s=timeout_s, my_id=self.my_id)
+            except AveragerStartFailed as exc:
+                self.counters["averager_start_failed"] += 1
+                log.warning("job %s: outer rounds: %s; this outer step goes alone", self.job_id[:12], exc)
+                return None
             log.info("job %s: outer rounds with %s", self.job_id[:12], [c.trainer_id[:12] for c in self.cotrainers.live()])
         return self.outer
 

@@ -263,7 +263,7 @@ class Worker:
         """Finish the jobs that are done, then one round on the job the market picks among those
         whose records' demand is sound (`market.JobMarket`); when its trainer refuses as busy,
         another job at once. Waits `poll_s` when no job wants work. Returns False when there is
-        nothing left to do."""
+        nothing left to do (with `exit_when_done`: no job wants work and `exit_after_jobs` are done)."""
         jobs = by_job(self.runnable(servable(found, set(self.backends))))
         live: dict[str, VerifiedRecord] = {}
         for job_id, records in jobs.items():
@@ -281,7 +281,7 @@ class Worker:
         write_ready(self.cfg.ready_file, self.report())
         if not worked:
             stop.wait(self.cfg.poll_s)
-        return bool(live) or not (self.cfg.exit_when_done and self.finished)
+        return bool(live) or not (self.cfg.exit_when_done and len(self.finished) >= self.cfg.exit_after_jobs)
 
     def _serve(self, live: dict[str, VerifiedRecord], stop: threading.Event) -> bool:
         """One round on the job the market picks from `live` (job id -> record followed), or on

@@ -76,13 +76,16 @@ class Swarm:
         p.wait()
 
 
-def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> None:
+def wait_for(cond: Callable[[], bool], timeout_s: float, what: str, log: Path | None = None) -> None:
     """Poll `cond` until it holds. `timeout_s` is a ceiling against a hang, not a speed bound: it
     returns as soon as the event happens. Agreement ceilings are 180 s: at 60-90 s they timed out
-    in a make test at load 13 on 2 cores (beside other work)."""
+    in a make test at load 13 on 2 cores (beside other work). `log`: a node's log whose tail the
+    failure shows."""
     deadline = time.monotonic() + timeout_s
     while not cond():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f}s waiting for {what}"
+        if time.monotonic() >= deadline:
+            tail = f"\n--- {log.name}\n{log.read_text()[-4000:]}" if log is not None and log.exists() else ""
+            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}{tail}")
         time.sleep(0.5)
 
 
@@ -224,8 +227,8 @@ def test_sigkill_of_a_trainer_leaves_the_job_running_and_the_others_agreeing(sw:
 
 def test_restarted_trainer_resumes_from_its_checkpoint_and_rejoins(sw: Swarm):
     sw.start_trainer("trainer1", 1)     # same key and state dir: resumes, re-hosts the job from its ledger
-    log = (sw.work / "logs" / "trainer1.log").read_text()
-    assert "resumed at version" in log
-    wait_for(lambda: sw.status("trainer1").state_syncs >= 1, 180, "trainer1 adopting the cotrainers' state")
-    wait_for(lambda: sw.status("trainer1").averaging_rounds >= 1, 180, "trainer1 averaging again")
-    wait_for(lambda: same_state(sw, list(TRAINERS)), 180, "all trainers agreeing after the restart")
+    log = sw.work / "logs" / "trainer1.log"
+    assert "resumed at version" in log.read_text()
+    wait_for(lambda: sw.status("trainer1").state_syncs >= 1, 180, "trainer1 adopting the cotrainers' state", log)
+    wait_for(lambda: sw.status("trainer1").averaging_rounds >= 1, 180, "trainer1 averaging again", log)
+    wait_for(lambda: same_state(sw, list(TRAINERS)), 180, "all trainers agreeing after the restart", log)

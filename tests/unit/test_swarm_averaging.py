@@ -3,6 +3,7 @@ averagers, the shareable trainer state, the cotrainer rules and disjoint prompt 
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import threading
@@ -11,7 +12,7 @@ import time
 import pytest
 import torch
 
-from swarmrl.node.swarm.averaging import GradientAveraging
+from swarmrl.node.swarm.averaging import AveragerStartFailed, GradientAveraging
 from swarmrl.node.swarm.cotrainers import Cotrainers
 from swarmrl.node.swarm.dht import VerifiedRecord, start_dht, visible_maddrs
 from swarmrl.node.swarm.trainer_state import SharedState, pack, priority, unpack
@@ -83,6 +84,20 @@ def test_starting_an_averager_keeps_this_process_s_ctrl_c_handler():
     finally:
         dht.shutdown()
         signal.signal(signal.SIGINT, previous)
+
+
+def test_an_averager_that_is_not_ready_in_time_is_ended_and_says_so():
+    """hivemind's own start waits for the averager's process with no limit (a restarted trainer
+    hung there under load); ours gives up after `start_timeout_s`, ends the process and raises."""
+    dht = start_dht()
+    before = {p.pid for p in multiprocessing.active_children()}
+    try:
+        with pytest.raises(AveragerStartFailed, match="not ready after"):
+            GradientAveraging(dht, "job-slow", [torch.zeros(3)], matchmaking_s=1.0, start_timeout_s=1e-6)
+        left = [p for p in multiprocessing.active_children() if p.pid not in before]
+        assert not left, left
+    finally:
+        dht.shutdown()
 
 
 def test_a_round_without_weight_agrees_on_zeros(averagers):
