@@ -4,7 +4,7 @@
     swarmrl bootstrap|trainer|worker|validator [--config FILE] [-o key=value ...] [--dry-run]
     swarmrl worker --credit [--config FILE] [-o key=value ...]
     swarmrl submit JOB.toml --trainer HOST:PORT
-    swarmrl status JOB --trainer HOST:PORT
+    swarmrl status JOB --trainer HOST:PORT [--peers [--json | --csv]]
     swarmrl status --initial-peers MADDR
     swarmrl fetch JOB --trainer HOST:PORT --out DIR
     swarmrl up [JOB.toml ...] [--jobs N] [--model tiny|gemma|smollm2|FOLDER] [--steps N] [--workers K] [--out DIR] [-j FIELD=VALUE]
@@ -33,6 +33,7 @@ from typing import NoReturn, TypeAlias
 from pydantic import BaseModel
 
 from swarmrl.node.cli import audit as audit_command
+from swarmrl.node.cli import status as status_command
 from swarmrl.node.cli.checks import (
     EXIT_USAGE,
     THREAD_ROLES,
@@ -54,7 +55,6 @@ from swarmrl.node.cli.checks import (
     up_job_fields,
 )
 from swarmrl.node.cli.native import apply_native_defaults
-from swarmrl.node.cli.status import cmd_status
 from swarmrl.node.runtime import config as cfgmod
 from swarmrl.protocol.red_team_modes import TRAINER_MODES
 
@@ -166,17 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--key", type=Path, default=Path("keys/submitter.key"),
                    help="the submitter's key file (created if missing)")
     s.add_argument("--cache-dir", type=Path, help="base model cache (default: $SWARMRL_CACHE or ~/.cache/swarmrl)")
-    st = _add(sub, "status", "show a job's progress and peers; without a job id, every job the swarm announces")
-    st.add_argument("job_id", nargs="?", type=nonempty, help="the id `swarmrl submit` printed (omit: list every job)")
-    st.add_argument("--trainer", type=endpoint, metavar="HOST:PORT",
-                    help="the gRPC endpoint of a trainer of the job (with a job id)")
-    st.add_argument("--initial-peers", nargs="+", default=None, metavar="MADDR",
-                    help="without a job id: a peer of the swarm to read the job records through (e.g. the "
-                         "bootstrap's multiaddr, which `swarmrl up` prints)")
-    st.add_argument("--tls-sha256", type=sha256_hex, default=b"", metavar="HEX",
-                    help="the trainer serves TLS: pin its certificate (tls_sha256 in its ready file); without it, plaintext")
-    st.add_argument("--history", type=int_at_least(0), default=10, help="recent steps to show")
-    st.add_argument("--json", action="store_true", help="print the raw status as JSON (hashes in hex)")
+    status_command.add_parser(sub, _add)
     f = _add(sub, "fetch", "download a job's adapter in PEFT format")
     f.add_argument("job_id", type=nonempty, help="the id `swarmrl submit` printed")
     f.add_argument("--trainer", required=True, type=endpoint, metavar="HOST:PORT",
@@ -390,10 +380,17 @@ def _netns_missing() -> str | None:
 
 
 def cmd_dashboard(args: argparse.Namespace) -> int:
-    """Serve a trainer's job pages here until interrupted."""
+    """Serve a trainer's job pages here until interrupted (each job's leaderboard from the
+    books of the first trainer that hosts it)."""
     from swarmrl.node.ops.dashboard import run_dashboard
+    from swarmrl.node.submitter.audit_client import AuditClient
 
-    run_dashboard(args.trainer, args.host, args.port, args.job)
+    clients = [AuditClient(t) for t in args.trainer]
+
+    def books(job_id: str) -> AuditClient | None:
+        return next((c for c in clients if c.status(job_id).state != "unknown"), None)
+
+    run_dashboard(args.trainer, args.host, args.port, args.job, books=books)
     return 0
 
 
@@ -420,7 +417,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return simulate_main(args)
 
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"keygen": cmd_keygen, "submit": cmd_submit, "status": cmd_status, "fetch": cmd_fetch, "up": cmd_up,
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {"keygen": cmd_keygen, "submit": cmd_submit, "status": status_command.cmd_status, "fetch": cmd_fetch, "up": cmd_up,
             "eval": cmd_eval, "dashboard": cmd_dashboard, "env": cmd_env, **{r: cmd_role for r in ROLES},
             "simulate": cmd_simulate, "audit": audit_command.run_audit}
 

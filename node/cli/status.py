@@ -8,14 +8,35 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from swarmrl.node.cli.checks import UsageError
+from swarmrl.node.cli.checks import UsageError, endpoint, int_at_least, nonempty, sha256_hex
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
     from rich.table import Table
 
     from swarmrl.node.swarm.listing import JobListing
+    from swarmrl.protocol.leaderboard import Board
     from swarmrl.protocol.pb import swarm_pb2 as pb
+
+
+def add_parser(sub: Any, make: Any) -> None:
+    """Add the `status` subcommand to `sub` (`make(sub, name, help)` builds a subparser)."""
+    st = make(sub, "status", "show a job's progress and peers; without a job id, every job the swarm announces")
+    st.add_argument("job_id", nargs="?", type=nonempty, help="the id `swarmrl submit` printed (omit: list every job)")
+    st.add_argument("--trainer", type=endpoint, metavar="HOST:PORT",
+                    help="the gRPC endpoint of a trainer of the job (with a job id)")
+    st.add_argument("--initial-peers", nargs="+", default=None, metavar="MADDR",
+                    help="without a job id: a peer of the swarm to read the job records through (e.g. the "
+                         "bootstrap's multiaddr, which `swarmrl up` prints)")
+    st.add_argument("--tls-sha256", type=sha256_hex, default=b"", metavar="HEX",
+                    help="the trainer serves TLS: pin its certificate (tls_sha256 in its ready file); without it, plaintext")
+    st.add_argument("--history", type=int_at_least(0), default=10, help="recent steps to show")
+    st.add_argument("--json", action="store_true", help="print the raw status as JSON (hashes in hex)")
+    st.add_argument("--peers", action="store_true",
+                    help="with a job id: the per-peer credit from the trainer's signed statements (a leaderboard)")
+    st.add_argument("--csv", action="store_true", help="with --peers: one CSV row per peer")
+    st.add_argument("--sample", type=int_at_least(0), default=64,
+                    help="with --peers: credited batches checked against their workers' signatures (0: all)")
 
 
 def message_dict(msg: Message) -> dict[str, Any]:
@@ -102,6 +123,40 @@ def listing_table(rows: Sequence[JobListing]) -> Table:
     return table
 
 
+def credit_table(b: Board) -> Table:
+    """The leaderboard (`protocol.leaderboard`) as a rich table, titled with what it sums."""
+    from rich.table import Table
+
+    table = Table("peer", "groups", "share", "tokens", "batches", "versions", "dropped", "checked", "verified share",
+                  "banned", title=f"credit of job {b.job_id[:12]} from {b.statements} signed statements of trainer "
+                                  f"{b.trainer_id[:12]} (versions {b.first_version}-{b.head_version}): "
+                                  f"{b.groups} groups, {b.tokens} tokens")
+    for r in b.rows:
+        dropped = ", ".join(f"{k} {v}" for k, v in sorted(r.dropped.items())) or "-"
+        table.add_row(r.peer_id[:16], str(r.groups), _pct(r.share), str(r.tokens), str(r.batches),
+                      f"{r.versions} ({r.first_version}-{r.last_version})" if r.versions else "0", dropped,
+                      str(r.checked), _pct(r.verified_share), r.banned)
+    return table
+
+
+def print_board(b: Board, args: argparse.Namespace) -> None:
+    """Print the leaderboard: a table and what the checks found, or `--json`, or `--csv`."""
+    if args.json:
+        print(json.dumps(b.as_dict(), indent=2))
+        return
+    if args.csv:
+        print(b.csv_text(), end="")
+        return
+    from rich.console import Console
+
+    console = Console()
+    console = Console(width=max(console.width, 150))
+    console.print(credit_table(b))
+    if b.findings:
+        console.print(f"the checks found {dict(b.findings)}: run `swarmrl audit {b.job_id} --trainer ...` for "
+                      "the details", markup=False, style="bold red")
+
+
 def print_listing(rows: Sequence[JobListing]) -> None:
     """Print the listing to stdout (a line saying so when the swarm announces no job)."""
     from rich.console import Console
@@ -115,14 +170,22 @@ def print_listing(rows: Sequence[JobListing]) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    """Print a job's status, as tables or (--json) as JSON; without a job id, list every job the
-    swarm announces (node/swarm/listing.py).
+    """Print a job's status, as tables or (--json) as JSON; with --peers its leaderboard (table,
+    --json or --csv; protocol/leaderboard.py); without a job id, list every job the swarm
+    announces (node/swarm/listing.py).
 
     Raises:
-        UsageError: a job id without --trainer, or neither a job id nor --initial-peers.
-        UnknownJob: the trainer does not host the job.
+        UsageError: a job id without --trainer, neither a job id nor --initial-peers, --peers
+            without a job id, --csv without --peers or with --json.
+        UnknownJob, UnknownJobBooks: the trainer does not host the job.
     """
+    if args.csv and not args.peers:
+        raise UsageError("--csv is for the leaderboard: add --peers")
+    if args.csv and args.json:
+        raise UsageError("--peers takes --json or --csv, not both")
     if args.job_id is None:
+        if args.peers:
+            raise UsageError("--peers shows one job's credit: give a job id and --trainer")
         if not args.initial_peers:
             raise UsageError("status without a job id lists the swarm's jobs: give --initial-peers MADDR (a peer "
                              "of the swarm, e.g. the bootstrap's, which `swarmrl up` prints), or a job id and --trainer")
@@ -136,6 +199,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     if args.trainer is None:
         raise UsageError(f"status {args.job_id}: give --trainer HOST:PORT (a trainer of the job)")
+    if args.peers:
+        from swarmrl.node.submitter.audit_client import AuditClient
+        from swarmrl.protocol.leaderboard import read_board
+
+        print_board(read_board(AuditClient(args.trainer, args.tls_sha256), args.job_id, sample=args.sample), args)
+        return 0
     from swarmrl.node.submitter.client import UnknownJob, job_status
 
     st = job_status(args.trainer, args.job_id, history=args.history, tls_sha256=args.tls_sha256)

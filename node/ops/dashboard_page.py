@@ -4,8 +4,10 @@ string from the status is escaped.
 
 Panel: reward over steps; ESS and staleness over steps; policy versions (recent steps); peers
 (role, adapter version and lag, groups admitted, rejections by reason, reputation, bans);
-recent validator verdicts; delta gossip (who announces which version). The trainer computes no
-held-out score, so the page shows none.
+recent validator verdicts; delta gossip (who announces which version). Below it, the credit
+leaderboard from the trainer's signed statements (`credit_table`), polled every CREDIT_POLL_MS
+from /jobs/JOB/credit (hidden where the source has none). The trainer computes no held-out
+score, so the page shows none.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ import math
 from collections.abc import Sequence
 from html import escape
 
+from swarmrl.protocol.leaderboard import Board
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 POLL_MS = 2000
+CREDIT_POLL_MS = 10000
 W, H, PAD = 460, 170, 34
 
 CSS = """
@@ -38,7 +42,16 @@ async function refresh() {
   } catch (e) { stamp.textContent = 'unreachable: ' + e; }
 }
 setInterval(refresh, POLL_MS);
-""".replace("POLL_MS", str(POLL_MS))
+const credit = document.getElementById('credit');
+async function refreshCredit() {
+  try {
+    const r = await fetch(location.pathname.replace(/\\/$/, '') + '/credit', {cache: 'no-store'});
+    if (r.ok) { credit.innerHTML = await r.text(); credit.hidden = false; }
+  } catch (e) { /* the panel's stamp says when the source is unreachable */ }
+}
+refreshCredit();
+setInterval(refreshCredit, CREDIT_POLL_MS);
+""".replace("CREDIT_POLL_MS", str(CREDIT_POLL_MS)).replace("POLL_MS", str(POLL_MS))
 
 
 def page(st: pb.JobStatus, source: str) -> str:
@@ -46,7 +59,7 @@ def page(st: pb.JobStatus, source: str) -> str:
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>swarmrl job {escape(st.job_id[:12])}</title>"
             f"<style>{CSS}</style></head><body><h1>swarmrl job <span class='mono'>{escape(st.job_id)}</span></h1>"
             f"<div id='updated'>{escape(source)}</div><main id='panel'>{panel(st)}</main>"
-            f"<script>{SCRIPT}</script></body></html>")
+            f"<section id='credit' hidden></section><script>{SCRIPT}</script></body></html>")
 
 
 def index(jobs: Sequence[tuple[str, pb.JobStatus | None]]) -> str:
@@ -211,3 +224,24 @@ def gossip_table(st: pb.JobStatus) -> str:
     rows = [f"<tr><td class='l mono'>{escape(h)}</td><td>{v}</td><td>{st.policy_version - v}</td></tr>"
             for h, v in sorted(st.holder_versions.items(), key=lambda kv: (-kv[1], kv[0]))]
     return _table("delta gossip: who holds which version", "gossip", ["holder", "newest version", "lag"], rows)
+
+
+def credit_table(b: Board) -> str:
+    """HTML of a job's leaderboard (`protocol.leaderboard.Board`): one row per peer (groups,
+    share, tokens, batches, versions, dropped by reason, checked and verified share, ban),
+    titled with the statements it sums; what the checks found, in red; links to JSON and CSV."""
+    rows = []
+    for r in b.rows:
+        dropped = ", ".join(f"{escape(k)} {v}" for k, v in sorted(r.dropped.items()))
+        vs = "-" if r.verified_share is None else f"{100 * r.verified_share:.0f}%"
+        rows.append(f"<tr data-peer='{escape(r.peer_id)}'><td class='l mono'>{escape(r.peer_id)}</td>"
+                    f"<td class='groups'>{r.groups}</td><td>{100 * r.share:.1f}%</td><td>{r.tokens}</td>"
+                    f"<td>{r.batches}</td><td>{r.versions}</td><td class='l'>{dropped}</td><td>{r.checked}</td>"
+                    f"<td class='verified'>{vs}</td><td class='l bad'>{escape(r.banned)}</td></tr>")
+    title = (f"credit from {b.statements} signed statements (versions {b.first_version}-{b.head_version}): "
+             f"{b.groups} groups, {b.tokens} tokens")
+    found = (f"<p class='bad'>the checks found {escape(str(dict(b.findings)))}: run swarmrl audit for the details</p>"
+             if b.findings else "")
+    links = f"<p><a href='/jobs/{escape(b.job_id)}/credit.json'>JSON</a> <a href='/jobs/{escape(b.job_id)}/credit.csv'>CSV</a></p>"
+    return _table(title, "credit", ["peer", "groups", "share", "tokens", "batches", "versions", "dropped",
+                                    "checked", "verified share", "banned"], rows) + found + links

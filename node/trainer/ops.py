@@ -1,17 +1,30 @@
 """The trainer's ops HTTP server: `/metrics` (trainer.metrics) and the live job pages
-(node.ops.dashboard), on `metrics_host:metrics_port` (off when the port is None)."""
+(node.ops.dashboard), with each job's leaderboard read from the trainer's own books
+(`LocalBooks`: the statements it serves, the batches its ledger keeps), on
+`metrics_host:metrics_port` (off when the port is None)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from swarmrl.node.ops.dashboard import StatusCache, add_dashboard_routes, local_fetch
+from swarmrl.node.ops.dashboard import (
+    CREDIT_TTL_S,
+    StatusCache,
+    add_dashboard_routes,
+    books_credit,
+    local_fetch,
+)
 from swarmrl.node.ops.http_server import OpsServer, Routes, start_ops_server
 from swarmrl.node.ops.metrics import add_metrics_route, registry_of
+from swarmrl.node.trainer.calls import TrainerCalls
 from swarmrl.node.trainer.metrics import trainer_metrics
+from swarmrl.node.trainer.statements import MAX_STATEMENTS
 from swarmrl.node.trainer.status import job_status
+from swarmrl.protocol.pb import swarm_pb2 as pb
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from swarmrl.node.runtime.config import TrainerConfig
     from swarmrl.node.trainer.hosting import Trainer
 
@@ -25,8 +38,46 @@ def start_trainer_ops(trainer: Trainer, cfg: TrainerConfig) -> OpsServer | None:
     routes = Routes()
     add_metrics_route(routes, registry_of(lambda: trainer_metrics(trainer)))
     cache = StatusCache(local_fetch(lambda: trainer.jobs, job_status), ttl_s=STATUS_TTL_S)
-    add_dashboard_routes(routes, cache, lambda: sorted(trainer.jobs), f"trainer {trainer.identity.peer_id}")
+    books = LocalBooks(trainer)
+    credit = StatusCache(books_credit(lambda j: books if j in trainer.jobs else None), ttl_s=CREDIT_TTL_S)
+    add_dashboard_routes(routes, cache, lambda: sorted(trainer.jobs), f"trainer {trainer.identity.peer_id}", credit)
     return start_ops_server(cfg.metrics_host, cfg.metrics_port, routes)
+
+
+class LocalBooks:
+    """A trainer's books read in-process, for its own leaderboards (`protocol.leaderboard.Books`):
+    the same statements and batches its gRPC `FetchStatements` and `SampleAdmitted` serve."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer, self.calls = trainer, TrainerCalls(trainer)
+
+    def status(self, job_id: str) -> pb.JobStatus:
+        """The job's status without history ("unknown" when not hosted)."""
+        job = self.trainer.jobs.get(job_id)
+        return pb.JobStatus(job_id=job_id, state="unknown") if job is None else job_status(job, 0)
+
+    def statements(self, job_id: str) -> list[pb.Signed]:
+        """Every signed statement of the job, ascending (paged as FetchStatements pages)."""
+        job = self.trainer.jobs.get(job_id)
+        out: list[pb.Signed] = []
+        while job is not None:
+            page = job.statements.fetch(len(out) and int(pb.ContributionStatement.FromString(out[-1].body).version),
+                                        MAX_STATEMENTS)
+            if not page:
+                break
+            out += page
+        return out
+
+    def batches(self, job_id: str, batch_ids: Iterable[str]) -> dict[str, pb.AdmittedBatch]:
+        """The named batches the ledger keeps whole, by id (`TrainerCalls.sample_admitted`)."""
+        from swarmrl.protocol.signing import envelope_id
+
+        ids, out = list(batch_ids), {}
+        for lo in range(0, len(ids), 256):
+            req = pb.SampleRequest(job_id=job_id, batch_ids=ids[lo:lo + 256], max_batches=256)
+            for ab in self.calls.sample_admitted(req):
+                out[envelope_id(ab.batch)] = ab
+        return out
 
 
 def ops_urls(server: OpsServer | None) -> dict[str, str]:
