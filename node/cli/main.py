@@ -383,14 +383,9 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     """Serve a trainer's job pages here until interrupted (each job's leaderboard from the
     books of the first trainer that hosts it)."""
     from swarmrl.node.ops.dashboard import run_dashboard
-    from swarmrl.node.submitter.audit_client import AuditClient
+    from swarmrl.node.submitter.audit_client import hosting_books
 
-    clients = [AuditClient(t) for t in args.trainer]
-
-    def books(job_id: str) -> AuditClient | None:
-        return next((c for c in clients if c.status(job_id).state != "unknown"), None)
-
-    run_dashboard(args.trainer, args.host, args.port, args.job, books=books)
+    run_dashboard(args.trainer, args.host, args.port, args.job, books=hosting_books(args.trainer))
     return 0
 
 

@@ -22,6 +22,7 @@ malformed queries 400.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 import time
@@ -44,6 +45,7 @@ HISTORY = 500      # step rows fetched per status
 VERDICTS = 20      # recent verdicts fetched per status
 JOB_ID = re.compile(r"[0-9a-f]{32}")   # protocol.jobspec.job_id_from_body
 HTML = "text/html; charset=utf-8"
+log = logging.getLogger(__name__)
 CREDIT_TTL_S = 10.0   # a job's leaderboard is read at most this often (s): statements + sampled batches
 Fetch = Callable[[str], "pb.JobStatus | None"]   # job id -> status, None for a job the source doesn't know
 CreditFetch = Callable[[str], "Board | None"]    # job id -> leaderboard, None for a job the source doesn't know
@@ -172,15 +174,18 @@ def local_fetch(jobs: Callable[[], dict[str, Any]], status: Callable[..., pb.Job
 
 def books_credit(books: Callable[[str], Books | None], sample: int = 16) -> CreditFetch:
     """Leaderboards read from the books `books(job_id)` names (None: a job the source doesn't
-    know), checking `sample` credited batches per read (`protocol.leaderboard.read_board`)."""
+    know), checking `sample` credited batches per read (`protocol.leaderboard.read_board`). A
+    trainer that can't be reached (grpc.RpcError) gives no board until the next read (logged)."""
+    import grpc
 
     def fetch(job_id: str) -> Board | None:
-        b = books(job_id)
-        if b is None:
-            return None
         try:
-            return read_board(b, job_id, sample=sample)
+            b = books(job_id)
+            return None if b is None else read_board(b, job_id, sample=sample)
         except UnknownJobBooks:
+            return None
+        except grpc.RpcError as exc:
+            log.warning("job %s: no leaderboard, its trainer can't be reached: %s", job_id, exc.code())
             return None
     return fetch
 

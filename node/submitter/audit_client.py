@@ -5,7 +5,7 @@ briefly (`AUDIT_BACKOFF`): an unreachable trainer fails fast. Checks are `protoc
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 
 from swarmrl.node.net.grpc_retry import Backoff, call_with_backoff, stream_with_backoff
@@ -74,3 +74,21 @@ class AuditClient:
         except Exception:  # noqa: BLE001 - OUT_OF_RANGE (pruned) or a bad stream: not available
             return None
         return None
+
+
+def hosting_books(endpoints: Sequence[str]) -> Callable[[str], AuditClient | None]:
+    """job id -> the books of the first trainer at `endpoints` (HOST:PORT, plaintext) that hosts
+    the job, None when none does; a trainer that can't be reached is skipped."""
+    import grpc
+
+    clients = [AuditClient(e) for e in endpoints]
+
+    def books(job_id: str) -> AuditClient | None:
+        for c in clients:
+            try:
+                if c.status(job_id).state != "unknown":
+                    return c
+            except grpc.RpcError:
+                continue
+        return None
+    return books

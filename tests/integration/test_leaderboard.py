@@ -15,7 +15,9 @@ import urllib.request
 import pytest
 
 from swarmrl.node.cli.main import main
+from swarmrl.node.ops.dashboard import books_credit
 from swarmrl.node.runtime.config import TrainerConfig
+from swarmrl.node.submitter.audit_client import hosting_books
 from swarmrl.node.trainer.hosting import Trainer
 from swarmrl.node.trainer.ops import start_trainer_ops
 from swarmrl.node.trainer.service import serve
@@ -100,3 +102,13 @@ def test_misuse_and_an_unknown_job_are_one_line(served, capsys) -> None:
     assert "give a job id" in capsys.readouterr().err
     code, _, err = _status(capsys, endpoint, "0" * 32)
     assert code != 0 and len(err.strip().splitlines()) == 1 and "does not host" in err
+
+
+def test_the_dashboards_books_skip_a_trainer_gone_and_one_without_the_job(served) -> None:
+    _, job, endpoint, _ = served
+    books = hosting_books(["127.0.0.1:1", endpoint])   # nothing listens on port 1
+    found = books(job.job_id)
+    assert found is not None and len(found.statements(job.job_id)) == job.version
+    assert books("0" * 32) is None
+    board = books_credit(books, sample=0)(job.job_id)
+    assert board is not None and board.groups > 0 and not board.findings

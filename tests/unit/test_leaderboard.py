@@ -8,6 +8,9 @@ import csv
 import io
 import json
 
+import grpc
+
+from swarmrl.node.ops.dashboard import books_credit
 from swarmrl.protocol.leaderboard import CSV_FIELDS, board
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
@@ -68,3 +71,35 @@ def test_an_empty_chain_is_an_empty_board() -> None:
     b = board("j", "T", [])
     assert (b.rows, b.groups, b.head_version) == ([], 0, 0)
     assert b.csv_text().strip() == ",".join(CSV_FIELDS)
+
+
+class _Gone(grpc.RpcError):
+    def code(self) -> grpc.StatusCode:
+        return grpc.StatusCode.UNAVAILABLE
+
+
+class _Books:
+    """Books of one job "j" (the statements above, unsigned: the chain check finds them broken)."""
+
+    def __init__(self, gone: bool = False) -> None:
+        self.gone = gone
+
+    def status(self, job_id: str) -> pb.JobStatus:
+        if self.gone:
+            raise _Gone()
+        return pb.JobStatus(job_id=job_id, state="running" if job_id == "j" else "unknown", trainer_id="T")
+
+    def statements(self, job_id: str) -> list[pb.Signed]:
+        return [pb.Signed(body=s.SerializeToString()) for s in _statements()]
+
+    def batches(self, job_id: str, batch_ids) -> dict[str, pb.AdmittedBatch]:
+        return {}
+
+
+def test_the_pages_leaderboard_is_none_for_an_unknown_job_or_a_trainer_gone_and_findings_otherwise() -> None:
+    fetch = books_credit(lambda job_id: _Books())
+    assert fetch("other") is None
+    b = fetch("j")
+    assert b is not None and b.statements == 0 and sum(b.findings.values()) >= 1   # unsigned: the chain breaks at once
+    assert books_credit(lambda job_id: _Books(gone=True))("j") is None
+    assert books_credit(lambda job_id: None)("j") is None
