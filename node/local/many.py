@@ -26,6 +26,7 @@ from typing import Any
 
 import grpc
 
+from swarmrl.node.local.credit_audit import audit_summary
 from swarmrl.node.local.endpoints import collect_endpoints
 from swarmrl.node.local.interrupt import (
     RunSoFar,
@@ -278,8 +279,9 @@ def follow_all(swarm: LocalSwarm, jobs: list[UpJob], timeout_s: float, watch: li
 
 def _finish(swarm: LocalSwarm, jobs: list[UpJob], opts: UpOptions, work: Path, keys: dict[str, Any],
             workers: list[str], trainers: list[str], disk: DiskWatch, t0: float) -> dict[str, Any]:
-    """Fetch each adapter, wait for the workers, settle the validator's checks, write each job's
-    files and the run's summary, and print it."""
+    """Fetch each adapter, wait for the workers, settle the validator's checks, audit each job's
+    credit books (as the one-job `up` does), write each job's files and the run's summary, and
+    print it."""
     fetched = {}
     for j in jobs:
         j.run.out.mkdir(parents=True, exist_ok=True)
@@ -293,7 +295,9 @@ def _finish(swarm: LocalSwarm, jobs: list[UpJob], opts: UpOptions, work: Path, k
         version, adapter_hash = fetched[j.name]
         one = summarize(st, j.spec, j.run.job_id or "", version, adapter_hash, states, keys, seconds)
         one.update(name=j.name, trainer=j.trainer, weight=j.spec.weight,
-                   groups_admitted_by_worker=admitted_by_worker([st], keys, workers))
+                   groups_admitted_by_worker=admitted_by_worker([st], keys, workers),
+                   audit=audit_summary(j.endpoint, j.run.job_id or "", {w: keys[w] for w in workers}, workers,
+                                       opts.cache_dir))
         write_outputs(j.run.out, st, one)
         j.run.finished = True
         figures[j.name] = job_figures(one, j.trainer, j.spec.weight, j.spec.steps, j.run.out / "adapter")

@@ -24,14 +24,14 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 
 JOB_FIGURES = ("job_id", "trainer", "weight", "steps", "total_steps", "final_version", "reward_first", "reward_last",
                "reward_window", "groups_admitted", "groups_trained", "groups_no_signal", "groups_dropped",
-               "adapter_hash", "adapter_hash_agreement", "adapter", "seconds")
+               "adapter_hash", "adapter_hash_agreement", "adapter", "audit", "seconds")
 """A job's entry in the run's summary.json (`job_figures`)."""
 
 
 def job_figures(summary: Mapping[str, Any], trainer: str, weight: float, total_steps: int,
                 adapter: Path) -> dict[str, Any]:
     """One job's entry of the run's summary: its one-job summary's (`summary.summarize`) steps,
-    reward windows, group counts and hashes, plus the trainer hosting it (process name), its
+    reward windows, group counts, hashes and credit audit (`credit_audit.audit_summary`), plus the trainer hosting it (process name), its
     weight, its total steps and where its adapter was written."""
     out = {k: summary.get(k) for k in JOB_FIGURES}
     out.update(trainer=trainer, weight=weight, total_steps=total_steps, adapter=str(adapter))
@@ -61,18 +61,28 @@ def _f(v: Any) -> str:
     return f"{v:.3f}" if isinstance(v, float) else str(v)
 
 
+def _audit(a: Mapping[str, Any] | None) -> str:
+    if not a:
+        return "-"
+    if "error" in a:
+        return "failed"
+    return f"{a['findings']} ({a['statements']} statements)" + (f" {a['by_reason']}" if a["findings"] else "")
+
+
 def jobs_table(summary: Mapping[str, Any]) -> Table:
     """One row per job: trainer, weight, steps, reward (mean of the first and last windows),
-    groups admitted and trained, and whether every replica's adapter hash agreed; the adapters'
-    folders in the caption (each job's is in summary.json)."""
+    groups admitted and trained, whether every replica's adapter hash agreed, and the credit
+    audit's findings; the adapters' folders in the caption (each job's is in summary.json)."""
     table = Table(title="swarmrl up: jobs", caption="reward: mean over the first -> last (N) steps; "
                   "adapters: out/jobs/JOB/adapter")
-    for col in ("job", "job id", "trainer", "weight", "steps", "reward", "admitted", "trained", "hashes agree"):
+    for col in ("job", "job id", "trainer", "weight", "steps", "reward", "admitted", "trained", "hashes agree",
+                "audit findings"):
         table.add_column(col, overflow="fold")
     for name, j in summary["jobs"].items():
         table.add_row(name, str(j["job_id"])[:12], j["trainer"], f"{j['weight']:g}", f"{j['steps']}/{j['total_steps']}",
                       f"{_f(j['reward_first'])} -> {_f(j['reward_last'])} ({j['reward_window']})",
-                      str(j["groups_admitted"]), str(j["groups_trained"]), str(j["adapter_hash_agreement"]))
+                      str(j["groups_admitted"]), str(j["groups_trained"]), str(j["adapter_hash_agreement"]),
+                      _audit(j.get("audit")))
     return table
 
 

@@ -1,7 +1,8 @@
 """`swarmrl up --model tiny --jobs 2` (issue 24 item 6): one swarm, two jobs on one base model,
 real processes on 127.0.0.1 (bootstrap, a trainer per job, one validator, two shared workers).
 Both jobs reach their steps and train, each job's files are in its own folder, the run's summary
-gives each job's figures and each worker's split, and the split adds up to the trainers' counts.
+gives each job's figures and each worker's split, and the split adds up to the trainers' counts. Each job's
+credit books are audited with every worker's receipts: no finding.
 Whether each worker served *both* jobs is not asserted (the market keeps a worker on its job
 while the job's trainer grants leases: test_two_jobs.py says why)."""
 
@@ -35,6 +36,9 @@ def test_up_runs_two_jobs_on_shared_workers(tmp_path: Path, model_cache: Path) -
         one = json.loads((folder / "summary.json").read_text())
         assert (job["steps"], job["final_version"], one["steps"]) == (STEPS, STEPS, STEPS)
         assert job["groups_trained"] > 0 and job["adapter_hash_agreement"] is True
+        audit = job["audit"]   # each job's credit books, audited with every worker's receipts
+        assert (audit["findings"], audit["honest_flagged"], audit["statements"]) == (0, 0, STEPS), audit
+        assert one["audit"] == audit
         assert job["adapter"] == str(folder / "adapter") and (folder / "adapter" / "adapter_config.json").is_file()
         assert (folder / "metrics.csv").is_file() and one["job_id"] == job["job_id"]
         assert sum(summary["worker_split"][w][name] for w in ("worker0", "worker1")) == job["groups_admitted"]

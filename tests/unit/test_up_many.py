@@ -100,12 +100,13 @@ def _one_job_summary(steps: int, trained: int) -> dict[str, object]:
     return {"job_id": "f" * 32, "steps": steps, "final_version": steps, "reward_first": 0.25, "reward_last": 0.5,
             "reward_window": 1, "groups_admitted": trained + 1, "groups_trained": trained, "groups_no_signal": 0,
             "groups_dropped": 1, "adapter_hash": "ab", "adapter_hash_agreement": True, "seconds": 3.0,
-            "peers": ["not in the figures"]}
+            "peers": ["not in the figures"], "audit": {"findings": 0, "statements": steps, "by_reason": {}}}
 
 
 def test_run_summary_gives_each_jobs_figures_and_whether_all_trained(tmp_path: Path) -> None:
     a = job_figures(_one_job_summary(4, 8), "trainer", 1.0, 4, tmp_path / "jobs/a/adapter")
-    b = job_figures(_one_job_summary(3, 6), "trainer1", 2.0, 4, tmp_path / "jobs/b/adapter")
+    b = job_figures({**_one_job_summary(3, 6), "audit": {"findings": 2, "statements": 3, "by_reason": {"x": 2}}},
+                    "trainer1", 2.0, 4, tmp_path / "jobs/b/adapter")
     assert "peers" not in a and a["adapter"] == str(tmp_path / "jobs/a/adapter") and a["trainer"] == "trainer"
     split = {"worker0": {"a": 5, "b": 0}, "worker1": {"a": 2, "b": 7}}
     s = run_summary("tiny", {"a": a, "b": b}, split, {"trainer": ["a"], "trainer1": ["b"]}, 12.34)
@@ -115,6 +116,7 @@ def test_run_summary_gives_each_jobs_figures_and_whether_all_trained(tmp_path: P
     text = buf.getvalue()
     assert run_summary("tiny", {"a": a, "b": {**b, "steps": 4}}, split, {}, 1.0)["every_job_trained"] is True
     assert "0.250 -> 0.500 (1)" in text and "3/4" in text and "trainer1" in text
+    assert "0 (4 statements)" in text and "2 (3 statements) {'x': 2}" in text   # each job's audit findings
     worker1 = next(line for line in text.splitlines() if "worker1" in line)
     assert [c.strip() for c in worker1.strip("│ ").split("│")] == ["worker1", "2", "7", "9", "2"]
 
