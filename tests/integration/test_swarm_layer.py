@@ -169,10 +169,22 @@ def late(sw: Swarm):
     gossip.shutdown()
 
 
-def _trainer_hash(sw: Swarm, version: int) -> bytes:
+def _trainer_hash(sw: Swarm, version: int, trainer: str = "trainer0") -> bytes:
+    """The adapter hash `trainer` published at `version`, once it has: the workers' gossip can
+    carry a cotrainer's version before this trainer publishes its own (it lagged under load in CI,
+    and a trainer answers no update for a version it has not published)."""
+    wait_for(lambda: sw.status(trainer).policy_version >= version, 180, f"{trainer} publishing version {version}")
     req = pb.AdapterRequest(job_id=sw.job_id, want_version=version, snapshot=True)
-    updates = list(assemble(stub(sw.endpoints["trainer0"]).FetchAdapter(req, timeout=60), sw.keys["trainer0"].peer_id))
+    updates = list(assemble(stub(sw.endpoints[trainer]).FetchAdapter(req, timeout=60), sw.keys[trainer].peer_id))
+    assert updates, f"{trainer} at version >= {version} sent no snapshot of version {version}"
     return bytes(updates[0].header.to_hash)
+
+
+def _published_hashes(sw: Swarm, version: int) -> set[bytes]:
+    """The hashes the honest trainers published at `version`: one, or two at a rare split round
+    (see test_trainers_average_and_agree_on_every_version); a replica built from the workers'
+    gossip holds one of them."""
+    return {_trainer_hash(sw, version, t) for t in TRAINERS[:2]}
 
 
 def _held_by_workers(sw: Swarm, version: int, workers: int = 2) -> bool:
@@ -182,14 +194,14 @@ def _held_by_workers(sw: Swarm, version: int, workers: int = 2) -> bool:
 def test_late_worker_catches_up_and_then_gets_deltas_from_peers(sw: Swarm, late: CatchUp):
     head = int(sw.status("trainer0").policy_version)
     late.run(head)
-    assert late.replica.version == head and late.replica.hash == _trainer_hash(sw, head)
+    assert late.replica.version == head and late.replica.hash in _published_hashes(sw, head)
     # the next versions: wait until both workers hold them, then catch up from peers only.
     target = head + 2
     wait_for(lambda: _held_by_workers(sw, target) and _held_by_workers(sw, target - 1), 120,
              f"workers holding version {target}")
     from_trainer = late.stats.bytes_from_trainer
     late.run(target)
-    assert late.replica.version == target and late.replica.hash == _trainer_hash(sw, target)
+    assert late.replica.version == target and late.replica.hash in _published_hashes(sw, target)
     assert late.stats.bytes_from_trainer == from_trainer and late.stats.peer_updates >= 2
 
 
@@ -206,7 +218,7 @@ def test_worker_past_the_gap_takes_a_snapshot(sw: Swarm, late: CatchUp):
     after = applied[len(applied) - applied[::-1].index(have):]   # what it applied after `have`
     assert late.stats.snapshots == snapshots + 1, applied
     assert after and have < after[0] <= head and after == list(range(after[0], head + 1)), (have, head, after)
-    assert late.replica.hash == _trainer_hash(sw, head)
+    assert late.replica.hash in _published_hashes(sw, head)
 
 
 def test_a_peer_with_nan_gradients_is_excluded(sw: Swarm):
