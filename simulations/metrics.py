@@ -37,6 +37,7 @@ class Metrics:
         self.ingest_by_s: Counter[int] = Counter()
         self.bans: dict[str, str] = {}
         self.steps: list[tuple[float, int, int]] = []   # (time, version, groups trained)
+        self.statements: list[tuple[float, int, int, int]] = []   # (time, version, trainer rank, batches credited)
         self.verdict_delay_s: list[float] = []
         self.timeline: list[dict[str, Any]] = []
 

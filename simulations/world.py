@@ -20,6 +20,7 @@ import simpy
 from swarmrl.simulations.gossip import DeltaSpread
 from swarmrl.simulations.metrics import Metrics
 from swarmrl.simulations.network import MBIT, Uplink
+from swarmrl.simulations.pending import Pending
 from swarmrl.simulations.population import Population, Worker
 from swarmrl.simulations.profiles import MODEL_PROFILES
 from swarmrl.simulations.regions import one_way_s
@@ -144,15 +145,24 @@ class World:
                 if self.env.now - first_ready < self.sc.trainers.averaging_timeout_s:
                     continue
             first_ready = None
-            trained = sum(len(t.take_batch(self.env.now)) for t in ready)
+            batches = {t.rank: t.take_batch(self.env.now) for t in ready}
             yield self.env.timeout(self._step_s(len(ready)))
-            self._publish(trained)
+            self._publish(sum(len(b) for b in batches.values()))
+            self._record_statements(batches)
 
     def _step_s(self, trainers: int) -> float:
         step = self.profile.step_s(self.sc.job.batch_groups) + self.profile.publish_s
         if trainers > 1:   # a ring all-reduce of the LoRA gradients between the trainers
             step += 2 * self.profile.delta_bytes / (self.sc.network.trainer_up_mbit * MBIT) + 2 * one_way_s("na", "asia")
         return step
+
+    def _record_statements(self, batches: dict[int, list[Pending]]) -> None:
+        """Record what each trainer's contribution statement of the version just published
+        credits (`Metrics.statements`): its batches, one per worker submission (a worker's groups
+        admitted at the same instant came in one signed batch), for the audit model."""
+        for rank, groups in batches.items():
+            credited = len({(id(p.peer), p.admitted_s) for p in groups})
+            self.metrics.statements.append((self.env.now, self.version, rank, credited))
 
     def _publish(self, trained: int) -> None:
         self.version += 1

@@ -26,6 +26,19 @@ if TYPE_CHECKING:
 EXIT_CLEAN, EXIT_FINDINGS = 0, 1
 
 
+def _adapters(text: str) -> int | None:
+    """An argparse type: "all" (None) or an integer >= 0."""
+    if text == "all":
+        return None
+    try:
+        return int_at_least(0)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 or all, got {text!r}") from None
+
+
+_adapters.__name__ = "N or all"
+
+
 def add_parser(sub: Any, make: Any) -> None:
     """Add the `audit` subcommand to `sub` (`make(sub, name, help)` builds a subparser)."""
     a = make(sub, "audit", "re-check a trainer's credit books: statements, batches, receipts")
@@ -36,8 +49,13 @@ def add_parser(sub: Any, make: Any) -> None:
     a.add_argument("--trainer-id", default="", metavar="PEER_ID",
                    help="the trainer's peer id (from its signed job record); default: the one its status names")
     a.add_argument("--sample", type=int_at_least(0), default=64, help="credited batches to check (0: all)")
-    a.add_argument("--adapters", type=int_at_least(0), default=1,
-                   help="versions besides the head whose signed update is checked against the statement")
+    a.add_argument("--adapters", type=_adapters, default=1, metavar="N|all",
+                   help="versions besides the head whose signed update is checked against the statement "
+                        "(all: every one in the window the trainer still keeps)")
+    a.add_argument("--window-s", type=positive_float, default=None, metavar="SECONDS",
+                   help="draw the batches and updates only among the statements of the last SECONDS (the "
+                        "chain is checked whole either way); an auditor that audits every few minutes catches "
+                        "more with --window-s 600 --adapters all (docs/CREDIT.md section 6)")
     a.add_argument("--seed", type=int, default=None, help="the sample's seed (default: random)")
     a.add_argument("--fresh-s", type=positive_float, default=FRESH_S, metavar="SECONDS",
                    help="a credited batch of a statement newer than this the trainer must still serve, else "
@@ -80,7 +98,8 @@ def run_audit(args: argparse.Namespace) -> int:
 
     receipts = _receipt_envelopes(args.receipts, args.job_id) if args.receipts is not None else None
     auditor = Identity.load_or_create(args.key) if args.key is not None else Identity.generate()
-    plan = AuditPlan(sample=args.sample, adapters=args.adapters, seed=args.seed, fresh_s=args.fresh_s)
+    plan = AuditPlan(sample=args.sample, adapters=args.adapters, seed=args.seed, fresh_s=args.fresh_s,
+                     window_s=args.window_s or 0.0)
     try:
         report = audit_job(AuditClient(args.trainer, args.tls_sha256), args.job_id, plan, auditor,
                            trainer_id=args.trainer_id, receipts=receipts)

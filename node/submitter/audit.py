@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from swarmrl.protocol import audit, credit
+from swarmrl.protocol import audit, audit_sampling, credit
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
@@ -32,13 +32,17 @@ class AuditPlan:
     """How much one audit checks.
 
     sample: credited batches fetched and checked (0: all); adapters: versions besides the head
-    whose signed update is checked against its statement; seed: the sample's (None: random);
-    fresh_s: seconds within which a credited batch must still be served (see the module)."""
+    whose signed update is checked against its statement (None: every one in the window);
+    seed: the sample's (None: random); fresh_s: seconds within which a credited batch must
+    still be served (see the module); window_s: draw only among the statements of the last
+    window_s seconds (0: the whole chain; the chain is checked whole either way). The draw is
+    `protocol.audit_sampling.pick_checks`, the simulator's too (docs/CREDIT.md section 6)."""
 
     sample: int = 64
-    adapters: int = 1
+    adapters: int | None = 1
     seed: int | None = None
     fresh_s: float = audit.FRESH_S
+    window_s: float = 0.0
 
 
 class AuditUnreachable(ValueError):
@@ -62,12 +66,15 @@ def audit_job(client: AuditClient, job_id: str, plan: AuditPlan, auditor: Identi
     trainer_id = trainer_id or status.trainer_id
     statements, findings = audit.check_chain(envelopes, job_id=job_id, trainer_id=trainer_id)
     heads = {audit.statement_version(e): credit.statement_sha256(e) for e in envelopes}
-    rng = random.Random(plan.seed)
-    findings += _adapter_findings(client, job_id, trainer_id, statements, plan.adapters, rng)
-    credited = [(s, b) for s in statements for b in s.batches]
-    sample = credited if plan.sample == 0 else rng.sample(credited, min(plan.sample, len(credited)))
-    served = client.batches(job_id, [bytes(b.batch_id).hex() for _, b in sample])
     now_ms = int(time.time() * 1000)
+    since_ms = now_ms - int(plan.window_s * 1000) if plan.window_s > 0 else None
+    checks = audit_sampling.pick_checks(
+        [s.version for s in statements], [len(s.batches) for s in statements], random.Random(plan.seed),
+        sample=plan.sample, adapters=plan.adapters,
+        first=audit_sampling.window_start([s.created_ms for s in statements], since_ms))
+    findings += _adapter_findings(client, job_id, trainer_id, statements, checks.adapter_versions)
+    sample = [(statements[i], statements[i].batches[j]) for i, j in checks.batches]
+    served = client.batches(job_id, [bytes(b.batch_id).hex() for _, b in sample])
     fresh_ms = now_ms - int(plan.fresh_s * 1000)
     unavailable = 0
     for st, b in sample:
@@ -96,14 +103,9 @@ def audit_job(client: AuditClient, job_id: str, plan: AuditPlan, auditor: Identi
 
 
 def _adapter_findings(client: AuditClient, job_id: str, trainer_id: str,
-                      statements: Sequence[pb.ContributionStatement], adapters: int,
-                      rng: random.Random) -> list[pb.AuditFinding]:
-    """Check the head's signed update, and `adapters` other versions' picked by `rng`, against
-    their statements (`credit.check_adapter`); versions whose update is no longer kept are skipped."""
-    if not statements:
-        return []
-    versions = [statements[-1].version] + rng.sample([s.version for s in statements[:-1]],
-                                                     min(adapters, len(statements) - 1))
+                      statements: Sequence[pb.ContributionStatement], versions: Sequence[int]) -> list[pb.AuditFinding]:
+    """Check the signed updates of `versions` against their statements (`credit.check_adapter`);
+    versions whose update is no longer kept are skipped."""
     by_version = {s.version: s for s in statements}
     out: list[pb.AuditFinding] = []
     for v in versions:
@@ -115,4 +117,3 @@ def _adapter_findings(client: AuditClient, job_id: str, trainer_id: str,
         except credit.CreditError as exc:
             out.append(audit.finding(exc.reason, version=v, detail=exc.detail))
     return out
-

@@ -132,6 +132,17 @@ def test_clean_books_then_tampering_and_omission_are_flagged(served, capsys) -> 
         db.close()
 
 
+def test_a_windowed_audit_draws_among_the_recent_statements(served, capsys) -> None:
+    """`--window-s` draws the batches and updates only among the statements of the last seconds
+    (the chain is still checked whole); `--adapters all` checks every kept update in it."""
+    _, job, endpoint, _ = served
+    code, report = _audit(capsys, endpoint, job.job_id, "--window-s", "3600", "--adapters", "all")
+    assert code == 0, report
+    assert int(report["statements"]) == 3 and int(report["batchesChecked"]) == 6
+    code, report = _audit(capsys, endpoint, job.job_id, "--window-s", "0.001")
+    assert code == 0 and int(report["statements"]) == 3 and int(report.get("batchesChecked", 0)) == 0
+
+
 def test_credit_adds_up_against_the_step_rows(served) -> None:
     trainer, job, _, _ = served
     chain = credit.verify_chain(trainer.ledger.statements(job.job_id, 0, 100), job_id=job.job_id,
