@@ -135,6 +135,28 @@ def chunks(header: pb.Signed, payload: bytes) -> Iterator[pb.AdapterChunk]:
         yield pb.AdapterChunk(header=header if i == 0 else None, data=part, last=i == n - 1)
 
 
+def headers(chunks: Iterable[pb.AdapterChunk], trainer_id: str | Collection[str]) -> Iterator[pb.AdapterUpdate]:
+    """The verified headers of a chunk stream signed by `trainer_id` (or any of a collection),
+    payloads ignored: the answer to `AdapterRequest.header_only` (each header a chunk of its own,
+    `last` set), or a full stream from a trainer that sends the payloads anyway. A header proves
+    what the trainer published (its `to_hash`, `payload_sha256`) without the payload's bytes.
+
+    Raises:
+        ad.AdapterError: a header that doesn't verify or isn't the trainer's.
+    """
+    signers = {trainer_id} if isinstance(trainer_id, str) else set(trainer_id)
+    for chunk in chunks:
+        if not chunk.HasField("header"):
+            continue
+        try:
+            header, signer = signing.open_signed(chunk.header, signing.ADAPTER_UPDATE, pb.AdapterUpdate)
+        except signing.SignatureError as exc:
+            raise ad.AdapterError(f"adapter update header: {exc}") from exc
+        if signer not in signers:
+            raise ad.AdapterError(f"adapter update signed by {signer}, not by the job's trainer(s) {sorted(signers)}")
+        yield header
+
+
 def assemble(chunks: Iterable[pb.AdapterChunk], trainer_id: str | Collection[str]) -> Iterator[ReceivedUpdate]:
     """Reassemble a chunk stream into verified updates signed by `trainer_id` (or any of a
     collection of trainer ids).

@@ -13,7 +13,7 @@ from swarmrl.node.submitter.client import stub
 from swarmrl.protocol.audit import statement_version
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
-from swarmrl.protocol.updates import assemble
+from swarmrl.protocol.updates import headers
 
 AUDIT_BACKOFF = Backoff(attempts=2, base_s=0.25, max_s=1.0)
 MAX_STATEMENTS = 1_000_000   # an audit stops paging there (a chain longer than any job)
@@ -63,14 +63,15 @@ class AuditClient:
 
     def update_header(self, job_id: str, version: int, trainer_id: str) -> pb.AdapterUpdate | None:
         """The trainer-signed update header that produced `version` (its delta from version - 1,
-        else a snapshot), its signature and payload checked (`updates.assemble`); None when the
-        trainer no longer keeps it."""
-        req = pb.AdapterRequest(job_id=job_id, have_version=version - 1, want_version=version)
+        else a snapshot), its signature checked (`updates.headers`), fetched without the payload
+        (`header_only`); None when the trainer no longer keeps it."""
+        req = pb.AdapterRequest(job_id=job_id, have_version=version - 1, want_version=version, header_only=True,
+                                requester="auditor")
         try:
-            for update in assemble(stream_with_backoff(lambda: self.trainer.FetchAdapter(req, timeout=self.timeout_s),
-                                                       AUDIT_BACKOFF), trainer_id):
-                if update.header.to_version == version:
-                    return update.header
+            for header in headers(stream_with_backoff(lambda: self.trainer.FetchAdapter(req, timeout=self.timeout_s),
+                                                      AUDIT_BACKOFF), trainer_id):
+                if header.to_version == version:
+                    return header
         except Exception:  # noqa: BLE001 - OUT_OF_RANGE (pruned) or a bad stream: not available
             return None
         return None

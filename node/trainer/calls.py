@@ -109,7 +109,7 @@ class TrainerCalls:
 
     def fetch_adapter(self, request: pb.AdapterRequest) -> Iterator[pb.AdapterChunk]:
         """The signed updates (deltas or a snapshot) that bring the requester to the version it
-        wants, as chunks.
+        wants, as chunks; with `header_only`, each update's signed header alone (one chunk).
 
         Raises:
             CallRefused: NOT_FOUND for an unknown job; OUT_OF_RANGE for a version no longer kept
@@ -125,6 +125,9 @@ class TrainerCalls:
             self._start_snapshot(job)
         try:
             for update in job.updates(request):
+                if request.header_only:   # what the update published, without its bytes (audits)
+                    yield pb.AdapterChunk(header=update.header, last=True)
+                    continue
                 self.trainer.count_upload(len(update.payload))
                 job.count_upload(request.requester, len(update.payload))
                 yield from chunks(update.header, update.payload)

@@ -666,6 +666,7 @@ class AdapterRequest(_message.Message):
     WANT_VERSION_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
     REQUESTER_FIELD_NUMBER: _builtins.int
+    HEADER_ONLY_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     have_version: _builtins.int
     """what the caller holds; ignored when snapshot is set"""
@@ -675,6 +676,8 @@ class AdapterRequest(_message.Message):
     """ask for a full adapter instead of deltas"""
     requester: _builtins.str
     """"worker", "trainer", ...: for the server's byte accounting only (not trusted)"""
+    header_only: _builtins.bool
+    """each update's signed header alone, no payload (an audit's adapter check)"""
     def __init__(
         self,
         *,
@@ -683,10 +686,11 @@ class AdapterRequest(_message.Message):
         want_version: _builtins.int | None = ...,
         snapshot: _builtins.bool = ...,
         requester: _builtins.str = ...,
+        header_only: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_want_version", b"_want_version", "want_version", b"want_version"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_want_version", b"_want_version", "have_version", b"have_version", "job_id", b"job_id", "requester", b"requester", "snapshot", b"snapshot", "want_version", b"want_version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_want_version", b"_want_version", "have_version", b"have_version", "header_only", b"header_only", "job_id", b"job_id", "requester", b"requester", "snapshot", b"snapshot", "want_version", b"want_version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__want_version: _TypeAlias = _typing.Literal["want_version"]  # noqa: Y015
     _WhichOneofArgType__want_version: _TypeAlias = _typing.Literal["_want_version", b"_want_version"]  # noqa: Y015

@@ -14,15 +14,17 @@ import pytest
 
 from swarmrl.node.cli.main import main
 from swarmrl.node.runtime.config import TrainerConfig
-from swarmrl.node.submitter.client import sign_job
+from swarmrl.node.submitter.client import sign_job, stub
 from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.node.trainer.hosting import Trainer
 from swarmrl.node.trainer.job import JobRuntime
 from swarmrl.node.trainer.service import serve
 from swarmrl.node.worker.receipts import ReceiptStore
 from swarmrl.protocol import credit, receipts, signing
+from swarmrl.protocol.adapter import AdapterError
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.updates import assemble, headers
 from tests.unit.test_red_team import _group
 
 pytestmark = pytest.mark.integration
@@ -141,6 +143,21 @@ def test_a_windowed_audit_draws_among_the_recent_statements(served, capsys) -> N
     assert int(report["statements"]) == 3 and int(report["batchesChecked"]) == 6
     code, report = _audit(capsys, endpoint, job.job_id, "--window-s", "0.001")
     assert code == 0 and int(report["statements"]) == 3 and int(report.get("batchesChecked", 0)) == 0
+
+
+def test_an_update_header_comes_without_its_payload(served) -> None:
+    """The audit's adapter check asks `header_only`: the signed headers alone (no payload byte),
+    the same ones a full fetch verifies; a header another key signed is refused."""
+    trainer, job, endpoint, _ = served
+    req = pb.AdapterRequest(job_id=job.job_id, have_version=0, want_version=job.version, requester="auditor")
+    full = list(assemble(stub(endpoint).FetchAdapter(req, timeout=30), trainer.identity.peer_id))
+    req.header_only = True
+    got = list(stub(endpoint).FetchAdapter(req, timeout=30))
+    assert len(got) == len(full) == job.version and all(c.last and not c.data for c in got)
+    assert max(c.ByteSize() for c in got) < 1024, [c.ByteSize() for c in got]   # a signed header, no delta
+    assert [h.to_hash for h in headers(got, trainer.identity.peer_id)] == [u.header.to_hash for u in full]
+    with pytest.raises(AdapterError, match="not by the job's trainer"):
+        list(headers(got, Identity.generate().peer_id))
 
 
 def test_credit_adds_up_against_the_step_rows(served) -> None:
