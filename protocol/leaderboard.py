@@ -34,7 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from swarmrl.protocol import audit
+from swarmrl.protocol import audit, audit_sampling
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 BANNED_PREFIX = "banned"   # the ledger's reason for groups dropped by a ban ("banned: <why>")
@@ -192,9 +192,10 @@ def read_board(books: Books, job_id: str, *, sample: int = SAMPLE, seed: int | N
         raise UnknownJobBooks(f"the trainer does not host job {job_id!r}")
     statements, broken = audit.check_chain(books.statements(job_id), job_id=job_id, trainer_id=status.trainer_id)
     findings = Counter(f.reason for f in broken)
-    credited = [(s.version, b) for s in statements for b in s.batches]
     rng = random.Random(seed if seed is not None else time.monotonic_ns())
-    picked = credited if sample == 0 else rng.sample(credited, min(sample, len(credited)))
+    draw = audit_sampling.pick_checks([s.version for s in statements], [len(s.batches) for s in statements], rng,
+                                      sample=sample, adapters=0)   # the audit's draw; no update is checked here
+    picked = [(statements[i].version, statements[i].batches[j]) for i, j in draw.batches]
     served = books.batches(job_id, [bytes(b.batch_id).hex() for _, b in picked])
     checks: dict[bytes, bool] = {}
     for version, b in picked:
