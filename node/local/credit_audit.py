@@ -1,5 +1,6 @@
 """The audit at the end of `swarmrl up` (issue 27, docs/CREDIT.md): the first trainer's credit
-books checked as `swarmrl audit JOB --sample 0` checks them, with every worker's receipts.
+books checked as `swarmrl audit JOB --sample 0` checks them, with every worker's receipts, and
+the leaderboard they add up to (`credit_summary`, what `swarmrl status JOB --peers` shows).
 
 An honest run ends with no finding. With a trainer-side red-team mode (`--red-team omit_groups`,
 `sybil_credit` or `misstated_adapter`) the audit must name it. `honest_flagged` counts the honest
@@ -21,6 +22,7 @@ from swarmrl.node.submitter.audit_client import AuditClient
 from swarmrl.node.worker.receipts import job_receipts, receipts_path
 from swarmrl.protocol.audit import OMITTED_GROUP
 from swarmrl.protocol.identity import Identity
+from swarmrl.protocol.leaderboard import read_board
 
 log = logging.getLogger(__name__)
 
@@ -50,3 +52,21 @@ def audit_summary(endpoint: str, job_id: str, workers: dict[str, Identity], hone
             "honest_flagged": len(blamed & honest_ids), "statements": report.statements,
             "batches_checked": report.batches_checked, "receipts_checked": report.receipts_checked,
             "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def credit_summary(endpoint: str, job_id: str, names: dict[str, str]) -> dict[str, Any]:
+    """summary.json's `credit`: the job's leaderboard at `endpoint` with every credited batch
+    checked (`read_board`, sample 0): statements, groups, tokens, findings by reason, and per
+    peer (process name from `names`, peer id -> name; else the peer id) its groups, share,
+    tokens, verified share and ban. {"error": ...} if it could not be read."""
+    try:
+        board = read_board(AuditClient(endpoint, b""), job_id, sample=0, seed=0)
+    except Exception as exc:  # noqa: BLE001 - the summary says the board failed; the run's results stand
+        log.warning("the leaderboard of job %s could not be read: %s", job_id[:12], exc)
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    return {"statements": board.statements, "groups": board.groups, "tokens": board.tokens,
+            "findings": dict(board.findings),
+            "peers": {names.get(r.peer_id, r.peer_id): {"groups": r.groups, "share": round(r.share, 4),
+                                                          "tokens": r.tokens, "verified_share": r.verified_share,
+                                                          "banned": r.banned}
+                      for r in board.rows}}

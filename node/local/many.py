@@ -26,7 +26,7 @@ from typing import Any
 
 import grpc
 
-from swarmrl.node.local.credit_audit import audit_summary
+from swarmrl.node.local.credit_audit import audit_summary, credit_summary
 from swarmrl.node.local.endpoints import collect_endpoints
 from swarmrl.node.local.interrupt import (
     RunSoFar,
@@ -297,7 +297,8 @@ def _finish(swarm: LocalSwarm, jobs: list[UpJob], opts: UpOptions, work: Path, k
         one.update(name=j.name, trainer=j.trainer, weight=j.spec.weight,
                    groups_admitted_by_worker=admitted_by_worker([st], keys, workers),
                    audit=audit_summary(j.endpoint, j.run.job_id or "", {w: keys[w] for w in workers}, workers,
-                                       opts.cache_dir))
+                                       opts.cache_dir),
+                   credit=credit_summary(j.endpoint, j.run.job_id or "", {keys[w].peer_id: w for w in workers}))
         write_outputs(j.run.out, st, one)
         j.run.finished = True
         figures[j.name] = job_figures(one, j.trainer, j.spec.weight, j.spec.steps, j.run.out / "adapter")

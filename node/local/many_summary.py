@@ -24,14 +24,14 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 
 JOB_FIGURES = ("job_id", "trainer", "weight", "steps", "total_steps", "final_version", "reward_first", "reward_last",
                "reward_window", "groups_admitted", "groups_trained", "groups_no_signal", "groups_dropped",
-               "adapter_hash", "adapter_hash_agreement", "adapter", "audit", "seconds")
+               "adapter_hash", "adapter_hash_agreement", "adapter", "audit", "credit", "seconds")
 """A job's entry in the run's summary.json (`job_figures`)."""
 
 
 def job_figures(summary: Mapping[str, Any], trainer: str, weight: float, total_steps: int,
                 adapter: Path) -> dict[str, Any]:
     """One job's entry of the run's summary: its one-job summary's (`summary.summarize`) steps,
-    reward windows, group counts, hashes and credit audit (`credit_audit.audit_summary`), plus the trainer hosting it (process name), its
+    reward windows, group counts, hashes, credit audit and leaderboard (`credit_audit`), plus the trainer hosting it (process name), its
     weight, its total steps and where its adapter was written."""
     out = {k: summary.get(k) for k in JOB_FIGURES}
     out.update(trainer=trainer, weight=weight, total_steps=total_steps, adapter=str(adapter))

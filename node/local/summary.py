@@ -163,6 +163,8 @@ def print_summary(summary: dict[str, Any], out: Path, console: Console | None = 
                       f"{a['findings']} findings{' (' + reasons + ')' if reasons else ''}, honest flagged "
                       f"{a['honest_flagged']}; {a['statements']} statements, {a['batches_checked']} batches, "
                       f"{a['receipts_checked']} receipts checked in {a['seconds']:.2f} s")
+    if "credit" in summary:
+        table.add_row("credit (signed statements)", _credit(summary["credit"]))
     if summary.get("red_team"):
         table.add_row("honest_banned", str(summary["honest_banned"]))
         table.add_row("groups_dropped_banned", str(summary["groups_dropped_banned"]))
@@ -172,3 +174,14 @@ def print_summary(summary: dict[str, Any], out: Path, console: Console | None = 
                           f"seconds_to_ban={r['seconds_to_ban']}")
     table.add_row("outputs", f"{out}/adapter, metrics.csv, reward.png, summary.json")
     (console or Console()).print(table)
+
+
+def _credit(credit: dict[str, Any]) -> str:
+    """One cell: each peer's credited groups, share and verified share (`credit_audit.credit_summary`)."""
+    if "error" in credit:
+        return str(credit["error"])
+    peers = sorted(credit["peers"].items(), key=lambda kv: -kv[1]["groups"])
+    cells = [f"{name[:16]} {p['groups']} ({p['share']:.0%}"
+             + (f", verified {p['verified_share']:.0%}" if p["verified_share"] is not None else "")
+             + (", banned" if p["banned"] else "") + ")" for name, p in peers]
+    return f"{credit['groups']} groups over {credit['statements']} statements: " + ", ".join(cells)

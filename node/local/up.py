@@ -21,7 +21,7 @@ from typing import Any
 
 from rich.console import Console
 
-from swarmrl.node.local.credit_audit import audit_summary
+from swarmrl.node.local.credit_audit import audit_summary, credit_summary
 from swarmrl.node.local.endpoints import collect_endpoints, describe, write_endpoints
 from swarmrl.node.local.interrupt import (
     RunSoFar,
@@ -297,6 +297,7 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path,
     summary["disk"] = disk.report()
     summary["audit"] = audit_summary(endpoint, job_id, {w: keys[w] for w in [*workers, *adversaries]}, workers,
                                      opts.cache_dir)
+    summary["credit"] = credit_summary(endpoint, job_id, {keys[w].peer_id: w for w in [*workers, *adversaries]})
     if opts.trainer_red_team:
         summary["trainer_red_team"] = opts.trainer_red_team
     statuses = [status] + [job_status(ep, job_id, history=spec.steps) for ep in endpoints[1:]]

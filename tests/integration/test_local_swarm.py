@@ -100,6 +100,13 @@ def test_worker_and_trainer_adapters_agree(run_dir):
     audit = summary["audit"]   # the audit at the end: an honest trainer's books add up
     assert audit["findings"] == 0 and audit["statements"] == summary["final_version"], audit
     assert audit["receipts_checked"] > 0 and audit["batches_checked"] > 0
+    credit = summary["credit"]   # the leaderboard: both workers credited, every checked batch verified
+    assert credit["findings"] == {} and credit["statements"] == summary["final_version"], credit
+    with open(run_dir / "metrics.csv") as f:
+        trained = sum(int(r["groups_trained"]) for r in csv.DictReader(f))
+    assert set(credit["peers"]) == {n for n in summary["roles"] if n.startswith("worker")}, credit
+    assert sum(p["groups"] for p in credit["peers"].values()) == credit["groups"] == trained > 0, credit
+    assert all(p["verified_share"] == 1.0 and not p["banned"] for p in credit["peers"].values()), credit
     for worker in summary["worker_adapters"].values():
         assert worker["hash"] == summary["adapter_hash"]
 

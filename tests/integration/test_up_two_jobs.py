@@ -8,6 +8,7 @@ while the job's trainer grants leases: test_two_jobs.py says why)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -39,6 +40,12 @@ def test_up_runs_two_jobs_on_shared_workers(tmp_path: Path, model_cache: Path) -
         audit = job["audit"]   # each job's credit books, audited with every worker's receipts
         assert (audit["findings"], audit["honest_flagged"], audit["statements"]) == (0, 0, STEPS), audit
         assert one["audit"] == audit
+        credit = job["credit"]   # each job's leaderboard: what its statements credit, every batch verified
+        with open(folder / "metrics.csv") as f:
+            trained = sum(int(r["groups_trained"]) for r in csv.DictReader(f))
+        assert credit["findings"] == {} and credit["groups"] == trained > 0 and one["credit"] == credit, credit
+        assert set(credit["peers"]) <= {"worker0", "worker1"} and all(
+            p["verified_share"] == 1.0 for p in credit["peers"].values()), credit
         assert job["adapter"] == str(folder / "adapter") and (folder / "adapter" / "adapter_config.json").is_file()
         assert (folder / "metrics.csv").is_file() and one["job_id"] == job["job_id"]
         assert sum(summary["worker_split"][w][name] for w in ("worker0", "worker1")) == job["groups_admitted"]
