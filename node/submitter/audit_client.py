@@ -10,15 +10,13 @@ from functools import partial
 
 from swarmrl.node.net.grpc_retry import Backoff, call_with_backoff, stream_with_backoff
 from swarmrl.node.submitter.client import stub
-from swarmrl.protocol.audit import statement_version
+from swarmrl.protocol.book_paging import all_statements, batches_by_id
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
 from swarmrl.protocol.updates import headers
 
 AUDIT_BACKOFF = Backoff(attempts=2, base_s=0.25, max_s=1.0)
-MAX_STATEMENTS = 1_000_000   # an audit stops paging there (a chain longer than any job)
 PAGE = 64                    # statements asked per call (the trainer's cap)
-SAMPLE_PAGE = 256            # batch ids asked per SampleAdmitted call (the trainer's cap)
 
 
 class AuditClient:
@@ -35,31 +33,22 @@ class AuditClient:
         return st
 
     def statements(self, job_id: str) -> list[pb.Signed]:
-        """Every signed statement of the job, ascending versions (paged by `after_version`)."""
-        out: list[pb.Signed] = []
-        after = 0
-        while len(out) < MAX_STATEMENTS:
+        """Every signed statement of the job, ascending versions (`book_paging.all_statements`)."""
+        def page(after: int) -> Sequence[pb.Signed]:
             req = pb.StatementRequest(job_id=job_id, after_version=after, max_statements=PAGE)
-            page: pb.StatementList = call_with_backoff(
+            got: pb.StatementList = call_with_backoff(
                 partial(self.trainer.FetchStatements, req, timeout=self.timeout_s), AUDIT_BACKOFF)
-            if not page.statements:
-                break
-            out += page.statements
-            after = max(after + 1, *(statement_version(e) for e in page.statements))
-        return out
+            return got.statements
+        return all_statements(page)
 
     def batches(self, job_id: str, batch_ids: Iterable[str]) -> dict[str, pb.AdmittedBatch]:
         """The named batches (hex ids) the trainer still keeps whole, by the id it claims for each
-        (the caller checks the id against the body)."""
-        from swarmrl.protocol.signing import envelope_id
-
-        ids, out = list(batch_ids), {}
-        for lo in range(0, len(ids), SAMPLE_PAGE):
-            req = pb.SampleRequest(job_id=job_id, batch_ids=ids[lo:lo + SAMPLE_PAGE], max_batches=SAMPLE_PAGE)
-            for ab in stream_with_backoff(partial(self.trainer.SampleAdmitted, req, timeout=self.timeout_s),
-                                          AUDIT_BACKOFF):
-                out[envelope_id(ab.batch)] = ab
-        return out
+        (the caller checks the id against the body; `book_paging.batches_by_id`)."""
+        def page(ids: list[str]) -> Iterable[pb.AdmittedBatch]:
+            req = pb.SampleRequest(job_id=job_id, batch_ids=ids, max_batches=len(ids))
+            return stream_with_backoff(partial(self.trainer.SampleAdmitted, req, timeout=self.timeout_s),
+                                       AUDIT_BACKOFF)
+        return batches_by_id(page, batch_ids)
 
     def update_header(self, job_id: str, version: int, trainer_id: str) -> pb.AdapterUpdate | None:
         """The trainer-signed update header that produced `version` (its delta from version - 1,

@@ -20,6 +20,7 @@ from swarmrl.node.trainer.calls import TrainerCalls
 from swarmrl.node.trainer.metrics import trainer_metrics
 from swarmrl.node.trainer.statements import MAX_STATEMENTS
 from swarmrl.node.trainer.status import job_status
+from swarmrl.protocol.book_paging import all_statements, batches_by_id
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 if TYPE_CHECKING:
@@ -59,25 +60,12 @@ class LocalBooks:
     def statements(self, job_id: str) -> list[pb.Signed]:
         """Every signed statement of the job, ascending (paged as FetchStatements pages)."""
         job = self.trainer.jobs.get(job_id)
-        out: list[pb.Signed] = []
-        while job is not None:
-            page = job.statements.fetch(len(out) and int(pb.ContributionStatement.FromString(out[-1].body).version),
-                                        MAX_STATEMENTS)
-            if not page:
-                break
-            out += page
-        return out
+        return [] if job is None else all_statements(lambda after: job.statements.fetch(after, MAX_STATEMENTS))
 
     def batches(self, job_id: str, batch_ids: Iterable[str]) -> dict[str, pb.AdmittedBatch]:
         """The named batches the ledger keeps whole, by id (`TrainerCalls.sample_admitted`)."""
-        from swarmrl.protocol.signing import envelope_id
-
-        ids, out = list(batch_ids), {}
-        for lo in range(0, len(ids), 256):
-            req = pb.SampleRequest(job_id=job_id, batch_ids=ids[lo:lo + 256], max_batches=256)
-            for ab in self.calls.sample_admitted(req):
-                out[envelope_id(ab.batch)] = ab
-        return out
+        return batches_by_id(lambda ids: self.calls.sample_admitted(
+            pb.SampleRequest(job_id=job_id, batch_ids=ids, max_batches=len(ids))), batch_ids)
 
 
 def ops_urls(server: OpsServer | None) -> dict[str, str]:
