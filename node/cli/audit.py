@@ -3,9 +3,12 @@
 them as a chain; checks the signed update of the head version (and `--adapters` more) against
 its statement; samples credited batches from the trainer and checks each against its worker's
 signature; with `--receipts`, checks a worker's receipts are credited or listed dropped. Prints
-the findings (a rich table, or `--json`), writes the signed `AuditReport` with `--report`.
+the findings (a rich table, or `--json`), writes the signed `AuditReport` with `--report`, and
+with `--publish --initial-peers MADDR` puts it in the swarm's DHT (`swarm.audit_records`);
+`swarmrl audit JOB --published --initial-peers MADDR` lists what auditors published.
 
-Exit: 0 the books add up, 1 findings, 2 bad arguments or a job it can't reach (one line).
+Exit: 0 the books add up (every published report clean), 1 findings, 2 bad arguments or a job it
+can't reach (one line).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import argparse
 import json
 import sqlite3
 import sys
+import time
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +48,8 @@ def add_parser(sub: Any, make: Any) -> None:
     """Add the `audit` subcommand to `sub` (`make(sub, name, help)` builds a subparser)."""
     a = make(sub, "audit", "re-check a trainer's credit books: statements, batches, receipts")
     a.add_argument("job_id", type=nonempty, help="the job's id")
-    a.add_argument("--trainer", required=True, type=endpoint, metavar="HOST:PORT", help="the trainer's gRPC endpoint")
+    a.add_argument("--trainer", type=endpoint, metavar="HOST:PORT",
+                   help="the trainer's gRPC endpoint (required, except with --published)")
     a.add_argument("--tls-sha256", type=sha256_hex, default=b"", metavar="HEX",
                    help="the trainer serves TLS: pin its certificate; without it, plaintext")
     a.add_argument("--trainer-id", default="", metavar="PEER_ID",
@@ -66,6 +72,13 @@ def add_parser(sub: Any, make: Any) -> None:
     a.add_argument("--key", type=Path, default=None, help="the auditor's key file, to sign the report (created)")
     a.add_argument("--report", type=Path, default=None, help="write the signed AuditReport (binary Signed) here")
     a.add_argument("--json", action="store_true", help="print the report as JSON")
+    a.add_argument("--initial-peers", nargs="+", default=None, metavar="MADDR",
+                   help="the swarm to publish the report to (--publish) or read reports from (--published)")
+    a.add_argument("--publish", action="store_true",
+                   help="publish the signed report in the swarm's DHT, under the job and this auditor's key "
+                        "(with --key: the same auditor's next report replaces it)")
+    a.add_argument("--published", action="store_true",
+                   help="audit nothing: list the reports auditors published for the job (signatures checked)")
 
 
 def _receipt_envelopes(path: Path, job_id: str) -> list[pb.Signed]:
@@ -90,6 +103,13 @@ def run_audit(args: argparse.Namespace) -> int:
         AuditUnreachable: the trainer can't be reached or does not host the job.
         UsageError: a bad --receipts path.
     """
+    if (args.publish or args.published) and not args.initial_peers:
+        raise UsageError(f"--{'publish' if args.publish else 'published'} needs --initial-peers MADDR: the swarm's DHT")
+    if args.published:
+        return _print_published(args)
+    if args.trainer is None:
+        raise UsageError("--trainer HOST:PORT is required (or --published --initial-peers MADDR to read "
+                         "the swarm's reports)")
     import grpc
 
     from swarmrl.node.submitter.audit import AuditPlan, AuditUnreachable, audit_job
@@ -108,11 +128,65 @@ def run_audit(args: argparse.Namespace) -> int:
         raise AuditUnreachable(f"cannot reach the trainer at {args.trainer} ({code}); is it running, and is "
                                "--trainer its HOST:PORT?") from exc
     _output(args, report)
-    if args.report is not None:
+    if args.report is not None or args.publish:
         from swarmrl.protocol.audit import sign_report
 
-        write_report(args.report, sign_report(auditor, report))
+        signed = sign_report(auditor, report)
+        if args.report is not None:
+            write_report(args.report, signed)
+        if args.publish:
+            _publish(args.initial_peers, signed)
     return EXIT_FINDINGS if report.findings else EXIT_CLEAN
+
+
+def _publish(initial_peers: list[str], signed: pb.Signed) -> None:
+    """Store the signed report in the swarm's DHT (`swarm.audit_records`).
+
+    Raises:
+        SwarmError: none of the initial peers could be reached, or the DHT did not store it."""
+    from swarmrl.node.swarm.audit_records import publish_report
+    from swarmrl.node.swarm.dht import SwarmError, start_dht
+
+    dht = start_dht(initial_peers, client_mode=True)
+    try:
+        if not publish_report(dht, signed):
+            raise SwarmError("the swarm's DHT did not store the audit report (no peer took it)")
+    finally:
+        dht.shutdown()
+    print("audit report published in the swarm's DHT", file=sys.stderr)
+
+
+def _print_published(args: argparse.Namespace) -> int:
+    """List the job's published reports (`--published`): 0 when every report is clean, 1 when
+    any names a finding, 2 (UsageError) when none was published."""
+    from swarmrl.node.cli.status import message_dict
+    from swarmrl.node.swarm.audit_records import published_reports
+    from swarmrl.node.swarm.dht import start_dht
+
+    dht = start_dht(args.initial_peers, client_mode=True)
+    try:
+        found = published_reports(dht, args.job_id)
+    finally:
+        dht.shutdown()
+    if not found:
+        raise UsageError(f"no auditor has published a report of job {args.job_id} in this swarm")
+    if args.json:
+        print(json.dumps([message_dict(p.report) for p in found], indent=2))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table("auditor", "trainer", "head version", "statements", "batches checked", "findings", "age",
+                      title=f"published audits of job {args.job_id}")
+        now_ms = time.time() * 1000
+        for p in found:
+            r = p.report
+            reasons = Counter(f.reason for f in r.findings)
+            table.add_row(r.auditor_id[:16], r.trainer_id[:16], str(r.head_version), str(r.statements),
+                          str(r.batches_checked), ", ".join(f"{k} {n}" for k, n in sorted(reasons.items())) or "none",
+                          f"{max(0.0, now_ms - r.created_ms) / 1000:.0f} s")
+        Console().print(table)
+    return EXIT_FINDINGS if any(p.report.findings for p in found) else EXIT_CLEAN
 
 
 def _output(args: argparse.Namespace, report: pb.AuditReport) -> None:

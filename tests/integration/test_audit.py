@@ -11,10 +11,13 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from hivemind.utils import get_dht_time
 
 from swarmrl.node.cli.main import main
 from swarmrl.node.runtime.config import TrainerConfig
 from swarmrl.node.submitter.client import sign_job, stub
+from swarmrl.node.swarm.audit_records import audits_key, publish_report
+from swarmrl.node.swarm.dht import start_dht
 from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.node.trainer.hosting import Trainer
 from swarmrl.node.trainer.job import JobRuntime
@@ -22,6 +25,7 @@ from swarmrl.node.trainer.service import serve
 from swarmrl.node.worker.receipts import ReceiptStore
 from swarmrl.protocol import credit, receipts, signing
 from swarmrl.protocol.adapter import AdapterError
+from swarmrl.protocol.audit import sign_report
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.updates import assemble, headers
@@ -158,6 +162,45 @@ def test_an_update_header_comes_without_its_payload(served) -> None:
     assert [h.to_hash for h in headers(got, trainer.identity.peer_id)] == [u.header.to_hash for u in full]
     with pytest.raises(AdapterError, match="not by the job's trainer"):
         list(headers(got, Identity.generate().peer_id))
+
+
+def test_reports_are_published_in_the_dht_and_listed(served, capsys, tmp_path) -> None:
+    """`--publish` stores the signed report under the job and the auditor's key; `--published`
+    lists every auditor's verified report (a forged one dropped), exit 1 when any has findings."""
+    _, job, endpoint, _ = served
+    dht = start_dht()   # the swarm: one DHT node on loopback
+    try:
+        peers = [str(a) for a in dht.get_visible_maddrs()]
+        key = tmp_path / "auditor.key"
+        assert main(["audit", job.job_id, "--trainer", endpoint, "--key", str(key), "--publish",
+                     "--initial-peers", *peers]) == 0
+        honest = Identity.load(key)
+        mallory = Identity.generate()   # a report in the honest auditor's name, signed by another key
+        forged = pb.AuditReport(job_id=job.job_id, auditor_id=honest.peer_id, created_ms=1,
+                                findings=[pb.AuditFinding(reason=credit.BAD_SIGNATURE)])
+        dht.store(audits_key(job.job_id), sign_report(mallory, forged).SerializeToString(),
+                  expiration_time=get_dht_time() + 60, subkey=mallory.peer_id)
+        capsys.readouterr()
+        assert main(["audit", job.job_id, "--published", "--initial-peers", *peers, "--json"]) == 0
+        listed = json.loads(capsys.readouterr().out)
+        assert [r["auditorId"] for r in listed] == [honest.peer_id] and int(listed[0]["statements"]) == 3
+
+        other = Identity.generate()   # another auditor's report with a finding: listed, exit 1
+        found = pb.AuditReport(job_id=job.job_id, auditor_id=other.peer_id, created_ms=2, statements=3,
+                               findings=[pb.AuditFinding(reason=credit.BAD_SIGNATURE, version=2)])
+        assert publish_report(dht, sign_report(other, found))
+        assert main(["audit", job.job_id, "--published", "--initial-peers", *peers]) == 1   # the table
+        capsys.readouterr()
+        assert main(["audit", job.job_id, "--published", "--initial-peers", *peers, "--json"]) == 1
+        listed = json.loads(capsys.readouterr().out)
+        assert [(r["auditorId"], [f["reason"] for f in r.get("findings", [])]) for r in listed] == [
+            (honest.peer_id, []), (other.peer_id, [credit.BAD_SIGNATURE])]   # newest first (by created_ms)
+        assert main(["audit", "no-such-job", "--published", "--initial-peers", *peers]) == 2
+        assert main(["audit", job.job_id, "--publish", "--trainer", endpoint]) == 2   # no --initial-peers
+        assert main(["audit", job.job_id]) == 2   # no --trainer
+        assert "--trainer HOST:PORT is required" in capsys.readouterr().err
+    finally:
+        dht.shutdown()
 
 
 def test_credit_adds_up_against_the_step_rows(served) -> None:
