@@ -62,11 +62,17 @@ def model_cache() -> Path:
     return cache
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _clean_hivemind_sockets():
-    before = set(glob.glob("/tmp/hivemind-p2pclient-*.sock"))
-    yield
-    for path in set(glob.glob("/tmp/hivemind-p2pclient-*.sock")) - before:
+# hivemind's p2p daemons call back into their clients through unix sockets named
+# /tmp/hivemind-p2pclient-*.sock, which a killed process leaves behind. They are removed once, by
+# the controller at the very end of the run: an xdist worker that removed the sockets made during
+# its own session when it finished cut the callbacks of the processes the other worker still ran
+# (a restarted trainer's state downloads and averaging rounds all failed with "Connection lost").
+_HIVEMIND_SOCKETS = "/tmp/hivemind-p2pclient-*.sock"
+_SOCKETS_BEFORE = pytest.StashKey[set[str]]()
+
+
+def _unlink_new_hivemind_sockets(before: set[str]) -> None:
+    for path in set(glob.glob(_HIVEMIND_SOCKETS)) - before:
         try:
             os.unlink(path)
         except OSError:
@@ -160,6 +166,7 @@ _CONTROLLER_SOAK = pytest.StashKey[KeepaliveSoak]()
 
 def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):   # the controller cleans up whoever started it
+        config.stash[_SOCKETS_BEFORE] = set(glob.glob(_HIVEMIND_SOCKETS))
         soak = KeepaliveSoak(SOAK_S, os.getpid())
         shutil.rmtree(soak.dir, ignore_errors=True)   # a folder of a killed run whose pid we reuse
         atexit.register(soak.close)
@@ -235,6 +242,8 @@ def _make_vllm_env(n_tests: int) -> str | None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if (soak := session.config.stash.get(_CONTROLLER_SOAK, None)) is not None:
         soak.close()
+    if (before := session.config.stash.get(_SOCKETS_BEFORE, None)) is not None:   # the controller, last
+        _unlink_new_hivemind_sockets(before)
 
 
 @pytest.fixture

@@ -120,7 +120,7 @@ def own_and_other_gaps(trainers: list[InProcessTrainer], jobs: list[str], heads:
         admitted = t.client().sample_admitted(pb.SampleRequest(job_id=j, after_seq=0, max_batches=16))
         groups = [g for a in admitted for g in pb.RolloutBatch.FromString(a.batch.body).groups
                   if g.completions[0].policy_version == 1]
-        assert len(groups) == 2
+        assert len(groups) == GROUPS
         out.append((_worst_gap(hf, j, groups), _worst_gap(hf, jobs[1 - i], groups)))
     return out
 
