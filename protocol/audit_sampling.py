@@ -1,6 +1,6 @@
 """What one audit of a trainer's books checks (docs/CREDIT.md section 6): which versions' signed
 updates it compares with their statements, and which credited batches it fetches. Pure: the
-audit command (`node/submitter/audit.py`) and the simulator's audit model
+audit command (`node/audit/books.py`) and the simulator's audit model
 (`simulations/audits.py`) draw with the same rule, so the simulator's catch rates are the
 command's.
 

@@ -18,7 +18,7 @@ credited batches the reader fetched and checked against their workers' signature
   or a reader that checks none).
 
 `board` is pure; `read_board` reads a trainer's books through the small `Books` interface (its
-gRPC client, `node.submitter.audit_client.AuditClient`, or a trainer's own, `node.trainer.ops.
+gRPC client, `node.audit.client.AuditClient`, or a trainer's own, `node.trainer.ops.
 LocalBooks`) and checks them (`protocol.audit`). Rows are sorted by groups (most first), then
 peer id.
 """

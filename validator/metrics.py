@@ -40,4 +40,11 @@ def validator_metrics(service: ValidatorService) -> Iterator[Metric]:
     peers = service.reputation.peers()
     f.gauge(P + "peers", "peers this validator has a record of", {}, len(peers))
     f.gauge(P + "banned_peers", "peers banned at this validator now", {}, sum(p.banned(now) for p in peers))
+    if (audits := service.audits) is not None:   # audit mode
+        for result in ("clean", "findings", "unreachable"):
+            f.counter(P + "audits_total", "audits of a job's credit books, by result", {"result": result},
+                      audits.counts[result])
+        for reason, n in sorted(audits.findings.items()):
+            f.counter(P + "audit_findings_total", "findings of this validator's audits, by reason", {"reason": reason}, n)
+        f.counter(P + "audit_reports_published_total", "signed audit reports stored in the DHT", {}, audits.published)
     yield from f

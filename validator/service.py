@@ -39,6 +39,7 @@ from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.validator.adapters import SnapshotCache, TrainerAdapters
+from swarmrl.validator.audits import AuditMode
 from swarmrl.validator.checks import LogprobTolerance
 from swarmrl.validator.reputation import Reputation
 from swarmrl.validator.sampling import load_or_create_key
@@ -160,6 +161,7 @@ class ValidatorService:
         self.watches: dict[tuple[str, str], JobWatch] = {}
         self.unusable: set[tuple[str, str]] = set()   # jobs whose record this validator can't use
         self.stats = VerdictStats()                   # groups checked, verdicts sent (validator.metrics)
+        self.audits: AuditMode | None = None          # audit mode (validator/audits.py), when configured
 
     def close(self) -> None:
         """Close every watch, unload the models, and close the seen and reputation stores."""

@@ -97,7 +97,7 @@ def _receipt_envelopes(path: Path, job_id: str) -> list[pb.Signed]:
 
 
 def run_audit(args: argparse.Namespace) -> int:
-    """Audit the job (module docstring, `submitter.audit.audit_job`); returns the exit code.
+    """Audit the job (module docstring, `audit.books.audit_job`); returns the exit code.
 
     Raises:
         AuditUnreachable: the trainer can't be reached or does not host the job.
@@ -112,8 +112,8 @@ def run_audit(args: argparse.Namespace) -> int:
                          "the swarm's reports)")
     import grpc
 
-    from swarmrl.node.submitter.audit import AuditPlan, AuditUnreachable, audit_job
-    from swarmrl.node.submitter.audit_client import AuditClient
+    from swarmrl.node.audit.books import AuditPlan, AuditUnreachable, audit_job
+    from swarmrl.node.audit.client import AuditClient
     from swarmrl.protocol.identity import Identity
 
     receipts = _receipt_envelopes(args.receipts, args.job_id) if args.receipts is not None else None

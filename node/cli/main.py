@@ -382,8 +382,8 @@ def _netns_missing() -> str | None:
 def cmd_dashboard(args: argparse.Namespace) -> int:
     """Serve a trainer's job pages here until interrupted (each job's leaderboard from the
     books of the first trainer that hosts it)."""
+    from swarmrl.node.audit.client import hosting_books
     from swarmrl.node.ops.dashboard import run_dashboard
-    from swarmrl.node.submitter.audit_client import hosting_books
 
     run_dashboard(args.trainer, args.host, args.port, args.job, books=hosting_books(args.trainer))
     return 0

@@ -200,7 +200,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.trainer is None:
         raise UsageError(f"status {args.job_id}: give --trainer HOST:PORT (a trainer of the job)")
     if args.peers:
-        from swarmrl.node.submitter.audit_client import AuditClient
+        from swarmrl.node.audit.client import AuditClient
         from swarmrl.protocol.leaderboard import read_board
 
         print_board(read_board(AuditClient(args.trainer, args.tls_sha256), args.job_id, sample=args.sample), args)

@@ -16,9 +16,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from swarmrl.node.audit.books import AuditPlan, audit_job
+from swarmrl.node.audit.client import AuditClient
 from swarmrl.node.models.base_model import default_cache_dir
-from swarmrl.node.submitter.audit import AuditPlan, audit_job
-from swarmrl.node.submitter.audit_client import AuditClient
 from swarmrl.node.worker.receipts import job_receipts, receipts_path
 from swarmrl.protocol.audit import OMITTED_GROUP
 from swarmrl.protocol.identity import Identity

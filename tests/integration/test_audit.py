@@ -218,3 +218,45 @@ def test_a_job_it_cannot_reach_is_one_line_and_exit_2(served, capsys) -> None:
     assert main(["audit", job.job_id, "--trainer", "127.0.0.1:1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot reach" in err[0]
+
+
+def test_a_validator_in_audit_mode_audits_every_job_and_publishes_its_reports(served) -> None:
+    """validator/audits.py: when due, one windowed audit per (job, trainer) of the records read;
+    the signed report is published in the DHT under the validator's key and verifies there; a
+    record naming another trainer is flagged; an unreachable trainer is counted, never raised."""
+    from swarmrl.node.swarm.audit_records import published_reports
+    from swarmrl.node.swarm.dht import VerifiedRecord
+    from swarmrl.validator.audits import AuditMode
+
+    trainer, job, endpoint, _ = served
+    me = trainer.identity
+    honest = VerifiedRecord(pb.JobRecord(job_id=job.job_id, trainer_id=me.peer_id, endpoint=endpoint),
+                            me.peer_id, me.public_key)
+    impostor = Identity.generate()   # a record signed by another trainer key that points at these books
+    wrong = VerifiedRecord(pb.JobRecord(job_id=job.job_id, trainer_id=impostor.peer_id, endpoint=endpoint),
+                           impostor.peer_id, impostor.public_key)
+    gone = VerifiedRecord(pb.JobRecord(job_id="gone", trainer_id=me.peer_id, endpoint="127.0.0.1:1"),
+                          me.peer_id, me.public_key)
+    validator = Identity.generate()
+    now = [1000.0]
+    dht = start_dht()
+    try:
+        mode = AuditMode(validator, 600, sample=0, publish=lambda s: publish_report(dht, s), clock=lambda: now[0])
+        assert mode.due() and mode.plan.window_s == 600 and mode.plan.adapters is None
+        results = mode.run([honest, honest, wrong, gone])   # the honest record twice: audited once
+        assert [(r.trainer_id, r.findings, r.published, r.signed is not None) for r in results] == [
+            (me.peer_id, 0, True, True), (impostor.peer_id, results[1].findings, True, True),
+            (me.peer_id, 0, False, False)]
+        assert results[1].findings > 0 and set(mode.findings) == {credit.WRONG_TRAINER}
+        assert dict(mode.counts) == {"clean": 1, "findings": 1, "unreachable": 1} and mode.published == 2
+        body, signer = signing.open_signed(results[0].signed, signing.AUDIT_REPORT, pb.AuditReport)
+        assert signer == validator.peer_id and body.statements == 3 and body.batches_checked == 6
+        listed = published_reports(dht, job.job_id)   # one subkey per auditor: the newest report stands
+        assert [p.report.auditor_id for p in listed] == [validator.peer_id]
+        assert not mode.due()
+        now[0] += 600
+        assert mode.due()
+        with pytest.raises(ValueError):
+            AuditMode(validator, 0)
+    finally:
+        dht.shutdown()

@@ -14,10 +14,10 @@ import urllib.request
 
 import pytest
 
+from swarmrl.node.audit.client import hosting_books
 from swarmrl.node.cli.main import main
 from swarmrl.node.ops.dashboard import books_credit
 from swarmrl.node.runtime.config import TrainerConfig
-from swarmrl.node.submitter.audit_client import hosting_books
 from swarmrl.node.trainer.hosting import Trainer
 from swarmrl.node.trainer.ops import start_trainer_ops
 from swarmrl.node.trainer.service import serve

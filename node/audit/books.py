@@ -22,7 +22,7 @@ from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 if TYPE_CHECKING:
-    from swarmrl.node.submitter.audit_client import AuditClient
+    from swarmrl.node.audit.client import AuditClient
     from swarmrl.protocol.identity import Identity
 
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 
+from swarmrl.node.net import tls
+from swarmrl.node.net.grpc_options import channel_options
 from swarmrl.node.net.grpc_retry import Backoff, call_with_backoff, stream_with_backoff
-from swarmrl.node.submitter.client import stub
 from swarmrl.protocol.book_paging import all_statements, batches_by_id
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
@@ -20,11 +21,20 @@ PAGE = 64                    # statements asked per call (the trainer's cap)
 
 
 class AuditClient:
-    """A trainer's books over gRPC (`endpoint` HOST:PORT; TLS pinned to `tls_sha256` if given)."""
+    """A trainer's books over gRPC (`endpoint` HOST:PORT; TLS pinned to `tls_sha256` if given).
+
+    Raises (on construction):
+        tls.PinError: TLS was asked for and the pinned certificate could not be confirmed.
+    """
 
     def __init__(self, endpoint: str, tls_sha256: bytes = b"", timeout_s: float = 30) -> None:
-        self.trainer: pb_grpc.TrainerStub = stub(endpoint, tls_sha256=tls_sha256)
+        self.channel = tls.channel(endpoint, tls_sha256, channel_options(64))
+        self.trainer = pb_grpc.TrainerStub(self.channel)
         self.timeout_s = timeout_s
+
+    def close(self) -> None:
+        """Close the channel to the trainer."""
+        self.channel.close()
 
     def status(self, job_id: str) -> pb.JobStatus:
         """The trainer's status of the job (state "unknown" when it does not host it)."""
