@@ -233,7 +233,9 @@ def verify_chain(envelopes: Sequence[pb.Signed], *, job_id: str, trainer_id: str
 
 def check_adapter(statement: pb.ContributionStatement, update: pb.AdapterUpdate) -> None:
     """Check that `statement` names the signed update of its version (`update`: the body of the
-    trainer's signed AdapterUpdate header to that version).
+    trainer's signed AdapterUpdate header to that version): the adapter hash, and the delta's
+    sha256 when `update` is the delta (a snapshot header, served once the delta is pruned, carries
+    the snapshot's bytes: only the hash is compared).
 
     Raises:
         CreditError: ADAPTER_MISMATCH.
@@ -244,5 +246,7 @@ def check_adapter(statement: pb.ContributionStatement, update: pb.AdapterUpdate)
     if bytes(update.to_hash) != bytes(statement.adapter_hash):
         raise CreditError(ADAPTER_MISMATCH, f"adapter hash {bytes(statement.adapter_hash).hex()[:12]}, the signed "
                                             f"update's {bytes(update.to_hash).hex()[:12]}", v)
+    if update.snapshot:   # only the version's snapshot is kept (the trainer's retention floor, a rebuilt
+        return            # version): it proves the adapter's hash, not the delta's bytes
     if bytes(update.payload_sha256) != bytes(statement.delta_sha256):
         raise CreditError(ADAPTER_MISMATCH, "delta sha256 differs from the signed update's payload", v)

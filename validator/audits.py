@@ -124,7 +124,7 @@ class AuditMode:
         self.findings.update(f.reason for f in report.findings)
         if n:
             log.warning("job %s: audit of trainer %s: %d finding(s): %s", job_id[:12], trainer_id[:12], n,
-                        ", ".join(sorted({f.reason for f in report.findings})))
+                        "; ".join(f"{f.reason} at version {f.version}: {f.detail}"[:200] for f in report.findings[:5]))
         else:
             log.info("job %s: audit of trainer %s clean (%d statements, %d batches checked)", job_id[:12],
                      trainer_id[:12], report.statements, report.batches_checked)

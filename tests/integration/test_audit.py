@@ -35,11 +35,11 @@ pytestmark = pytest.mark.integration
 WORKERS = [Identity.from_seed(bytes([65 + i]) * 32) for i in range(2)]
 
 
-def run_tiny_job(trainer: Trainer, receipts_dir: Path) -> tuple[JobRuntime, list[ReceiptStore]]:
-    """Submit the tiny job (3 steps, 2 groups each) to `trainer` and drive it to the end through
+def run_tiny_job(trainer: Trainer, receipts_dir: Path, steps: int = 3) -> tuple[JobRuntime, list[ReceiptStore]]:
+    """Submit the tiny job (`steps` steps, 2 groups each) to `trainer` and drive it to the end through
     its admission with two workers' signed batches; each worker keeps the trainer's receipts in
     `receipts_dir`. Returns the job and the receipt stores (the caller closes them)."""
-    spec = builtin_job("tiny", trainer.cfg.cache_dir, steps=3, batch_groups=2, group_size=2, prompts_per_lease=1)
+    spec = builtin_job("tiny", trainer.cfg.cache_dir, steps=steps, batch_groups=2, group_size=2, prompts_per_lease=1)
     ack = trainer.submit_job(sign_job(Identity.generate(), spec))
     assert ack.accepted, ack.reason
     job = trainer.jobs[ack.job_id]
@@ -260,3 +260,28 @@ def test_a_validator_in_audit_mode_audits_every_job_and_publishes_its_reports(se
             AuditMode(validator, 0)
     finally:
         dht.shutdown()
+
+
+def test_the_version_at_the_retention_floor_is_not_a_mismatch(tmp_path, model_cache) -> None:
+    """An honest trainer that pruned old deltas serves the floor version as a snapshot; an audit
+    of every kept version (`--adapters all`, the validator's audit mode) flagged it
+    adapter_mismatch (the snapshot's bytes are not the delta's). Only the hash counts there."""
+    from swarmrl.node.audit.books import AuditPlan, audit_job
+    from swarmrl.node.audit.client import AuditClient
+
+    trainer = Trainer(TrainerConfig(state_dir=tmp_path / "t", cache_dir=model_cache, keep_versions=2, keep_snapshots=1),
+                      Identity.generate())
+    job, stores = run_tiny_job(trainer, tmp_path / "receipts", steps=8)
+    server, port = serve(trainer, "127.0.0.1", 0, 4)
+    try:
+        floor = job.store.oldest_kept()
+        assert floor > 0 and job.store.delta(floor) is None   # pruned: the floor is served as a snapshot
+        client = AuditClient(f"127.0.0.1:{port}")
+        report = audit_job(client, job.job_id, AuditPlan(sample=0, adapters=None), Identity.generate())
+        client.close()
+        assert [(f.reason, f.version) for f in report.findings] == []
+    finally:
+        server.stop(0)
+        for s in stores:
+            s.close()
+        trainer.ledger.close()

@@ -125,3 +125,10 @@ def test_each_refusal_reason() -> None:
     wrong = update(3)
     wrong.payload_sha256 = bytes(32)
     assert reason_of(lambda: credit.check_adapter(st, wrong)) == credit.ADAPTER_MISMATCH
+    # once the delta is pruned the trainer serves the version's snapshot: its payload is not the
+    # delta's, so only the adapter hash counts (an honest trainer's floor version was flagged)
+    snap = update(3)
+    snap.snapshot, snap.payload_sha256 = True, bytes(32)
+    credit.check_adapter(st, snap)
+    snap.to_hash = bytes(32)
+    assert reason_of(lambda: credit.check_adapter(st, snap)) == credit.ADAPTER_MISMATCH
