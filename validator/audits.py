@@ -17,6 +17,7 @@ asked again at the next audit; nothing here stops the validator's rounds.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -90,12 +91,16 @@ class AuditMode:
         """Whether the next audit is due now."""
         return self.clock() >= self.next_at
 
-    def run(self, records: list[VerifiedRecord]) -> list[AuditResult]:
-        """Audit every (job, trainer) of `records` once and schedule the next audit `every_s` on."""
+    def run(self, records: list[VerifiedRecord], stop: threading.Event | None = None) -> list[AuditResult]:
+        """Audit every (job, trainer) of `records` once and schedule the next audit `every_s` on;
+        with `stop` set (SIGTERM) no further job is audited (each audit's calls are bounded by
+        the client's timeout)."""
         self.next_at = self.clock() + self.every_s
         seen: set[tuple[str, str]] = set()
         out = []
         for rec in records:
+            if stop is not None and stop.is_set():
+                break
             key = (rec.record.job_id, rec.trainer_id)
             if key in seen:
                 continue

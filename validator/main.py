@@ -38,7 +38,7 @@ def run(cfg: ValidatorConfig) -> None:
         while not stop.is_set():
             records = find_jobs(dht)
             if service.audits is not None and service.audits.due():
-                service.audits.run(records)
+                service.audits.run(records, stop)
             if not service.poll(records, stop):
                 stop.wait(cfg.poll_s)
     finally:

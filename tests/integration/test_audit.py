@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -256,6 +257,9 @@ def test_a_validator_in_audit_mode_audits_every_job_and_publishes_its_reports(se
         assert not mode.due()
         now[0] += 600
         assert mode.due()
+        stop = threading.Event()
+        stop.set()   # SIGTERM: no job is audited, the next audit is scheduled
+        assert mode.run([honest], stop) == [] and not mode.due()
         with pytest.raises(ValueError):
             AuditMode(validator, 0)
     finally:
