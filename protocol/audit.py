@@ -29,9 +29,10 @@ NOT_ADMITTED = "not_admitted"      # credited indices not among the batch's grou
 OMITTED_GROUP = "omitted_group"    # a receipted admitted group neither credited nor dropped once due
 FORGED_RECEIPT = "forged_receipt"  # a receipt not signed by the job's trainer, or not about the job
 RECORD_MISMATCH = "record_mismatch"  # the job record's head statement is not in the chain served
+FAILED_RECHECK = "failed_recheck"  # a credited batch whose groups fail a validator's ladder (re-grade, log-probs, ...)
 FRESH_S = 1800.0   # half the trainer's default ledger_keep_s: a batch credited since then must still be served
 REASONS = credit.REASONS | {UNKNOWN_BATCH, FORGED_BATCH, WRONG_WORKER, NOT_ADMITTED, OMITTED_GROUP, FORGED_RECEIPT,
-                            RECORD_MISMATCH}
+                            RECORD_MISMATCH, FAILED_RECHECK}
 
 
 def finding(reason: str, *, version: int = 0, peer_id: str = "", batch_id: str = "", detail: str = "") -> pb.AuditFinding:

@@ -6,7 +6,11 @@ with the validator's key and publish it in the swarm's DHT (`swarm.audit_records
 One audit is `node.audit.books.audit_job` on the windowed rule (`docs/CREDIT.md` section 6): the
 whole chain is checked, and the sample is drawn among the statements of the last `audit_every_s`
 seconds (every signed update in that window, `sample` credited batches), so each audit costs the
-same however long the job has run, and consecutive audits cover the whole run. A validator
+same however long the job has run, and consecutive audits cover the whole run. Each sampled
+credited batch that passes the books' checks also goes through the validator's ladder
+(re-grading, recomputed log-probs of the sampled tokens, ...: `ValidatorService.recheck_for`), with
+every credited group checked and nothing recorded against the worker: a trainer that credits
+made-up rollouts, its own sybils' included, is named `failed_recheck`. A validator
 in audit mode need not be in any trainer's `trusted_validators`: a report is evidence anyone can
 re-check, and trainers still act only on their trusted validators' verdicts.
 
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from swarmrl.node.audit.books import AuditPlan, AuditUnreachable, audit_job
+from swarmrl.node.audit.books import AuditPlan, AuditUnreachable, Recheck, audit_job
 from swarmrl.node.audit.client import AuditClient
 from swarmrl.node.net import tls
 from swarmrl.node.swarm.dht import VerifiedRecord
@@ -40,6 +44,9 @@ Publish = Callable[[pb.Signed], bool]
 returns whether it was stored."""
 ClientFor = Callable[[pb.JobRecord], AuditClient]
 """The audit client of the trainer that signed a record (default: gRPC to its endpoint, TLS pinned)."""
+RecheckFor = Callable[[VerifiedRecord], Recheck | None]
+"""The deeper check of a job's sampled credited batches (the validator's ladder:
+`ValidatorService.recheck_for`), or None where this validator can't judge the job."""
 
 
 def grpc_client(record: pb.JobRecord) -> AuditClient:
@@ -75,12 +82,13 @@ class AuditMode:
     """
 
     def __init__(self, identity: Identity, every_s: float, *, sample: int = 64, publish: Publish | None = None,
-                 client_for: ClientFor = grpc_client, clock: Callable[[], float] = time.monotonic) -> None:
+                 client_for: ClientFor = grpc_client, recheck_for: RecheckFor | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if every_s <= 0 or sample < 0:
             raise ValueError(f"audit_every_s must be > 0 and audit_sample >= 0, got {every_s} and {sample}")
         self.identity, self.every_s, self.publish = identity, every_s, publish
         self.plan = AuditPlan(sample=sample, adapters=None, window_s=every_s)
-        self.client_for, self.clock = client_for, clock
+        self.client_for, self.recheck_for, self.clock = client_for, recheck_for, clock
         self.next_at = clock()                  # the first audit runs at the first chance
         self.counts: Counter[str] = Counter()   # audits by result: clean, findings, unreachable
         self.findings: Counter[str] = Counter()  # findings by reason
@@ -114,8 +122,9 @@ class AuditMode:
         job_id, trainer_id = rec.record.job_id, rec.trainer_id
         try:
             client = self.client_for(rec.record)
+            recheck = self.recheck_for(rec) if self.recheck_for is not None else None
             try:
-                report = audit_job(client, job_id, self.plan, self.identity, trainer_id=trainer_id)
+                report = audit_job(client, job_id, self.plan, self.identity, trainer_id=trainer_id, recheck=recheck)
             finally:
                 client.close()
         except (grpc.RpcError, AuditUnreachable, tls.PinError, ConnectionError) as exc:

@@ -29,7 +29,7 @@ def run(cfg: ValidatorConfig) -> None:
     dht = join_swarm(cfg.net)
     service = ValidatorService(cfg, identity)
     if cfg.audit_every_s > 0:   # audit mode: the jobs' credit books every audit_every_s, reports in the DHT
-        service.audits = AuditMode(identity, cfg.audit_every_s, sample=cfg.audit_sample,
+        service.audits = AuditMode(identity, cfg.audit_every_s, sample=cfg.audit_sample, recheck_for=service.recheck_for,
                                    publish=(lambda signed: publish_report(dht, signed)) if cfg.audit_publish else None)
     ops = start_metrics(cfg.metrics_host, cfg.metrics_port, lambda: validator_metrics(service))
     write_ready(cfg.ready_file, {"peer_id": identity.peer_id, **metrics_urls(ops)})

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import grpc
 
+from swarmrl.node.audit.books import Recheck, RecheckUnavailable
 from swarmrl.node.inference import build_backend
 from swarmrl.node.models.base_model import default_cache_dir, find_base_model_by_sha
 from swarmrl.node.net import grpc_wire, tls
@@ -32,7 +33,7 @@ from swarmrl.node.net.trainer_client import ValidatorTrainer
 from swarmrl.node.runtime.config import ValidatorConfig
 from swarmrl.node.swarm.datasets import DatasetStore, DatasetUnavailable, fetch_dataset
 from swarmrl.node.swarm.dht import VerifiedRecord
-from swarmrl.protocol import signing
+from swarmrl.protocol import audit, signing
 from swarmrl.protocol.envs import job_environment
 from swarmrl.protocol.envs.base import Environment
 from swarmrl.protocol.identity import Identity
@@ -194,6 +195,21 @@ class ValidatorService:
         log.info("loaded %s for validation", record.base_model)
         return self.validators[sha]
 
+    # ---- audits
+
+    def recheck_for(self, rec: VerifiedRecord) -> Recheck | None:
+        """The ladder as an audit's recheck of the sampled credited batches of `rec`'s job
+        (`node.audit.books.Recheck`), or None when this validator can't judge the job (its base
+        model or environment is not here)."""
+        key = (rec.record.job_id, rec.trainer_id)
+        validator = None if key in self.unusable else self.validator_for(rec.record)
+        watch = self.watch(rec) if validator is not None else None
+        if watch is None or validator is None:
+            return None
+        if watch.env is not None:
+            validator.add_env(watch.spec, watch.env)
+        return functools.partial(_recheck, validator, watch)
+
     # ---- rounds
 
     def poll(self, records: list[VerifiedRecord], stop: threading.Event | None = None) -> int:
@@ -280,3 +296,27 @@ class ValidatorService:
         if verdicts:
             log.info("job %s: %d verdicts (%d failed)", watch.job_id[:12], len(verdicts), failed)
         return len(verdicts)
+
+
+def _recheck(validator: Validator, watch: JobWatch, statement: pb.ContributionStatement, credited: pb.CreditedBatch,
+             admitted: pb.AdmittedBatch) -> list[pb.AuditFinding]:
+    """Every credited group of one batch through the ladder (`Validator.validate_batch`, audit:
+    nothing recorded); one `failed_recheck` finding naming the groups that fail.
+
+    Raises:
+        RecheckUnavailable: the trainer can't serve what the ladder needs (e.g. the adapter the
+            batch was sampled with is no longer kept)."""
+    try:
+        verdicts = validator.validate_batch(admitted, watch.spec, job_id=watch.job_id, head_version=statement.version,
+                                            adapters=watch.adapters, audit=True)
+    except grpc.RpcError as exc:
+        code = exc.code().name if hasattr(exc, "code") else "error"
+        raise RecheckUnavailable(f"the trainer could not serve what the recheck needs ({code})") from exc
+    credited_idx = set(credited.prompt_indices)
+    failed = [v for v in verdicts if not v.passed and v.prompt_index in credited_idx]
+    if not failed:
+        return []
+    detail = "; ".join(f"prompt {v.prompt_index}: {v.check} {v.detail}" for v in failed[:3])
+    return [audit.finding(audit.FAILED_RECHECK, version=statement.version, peer_id=credited.peer_id,
+                          batch_id=bytes(credited.batch_id).hex(),
+                          detail=f"{len(failed)} of {len(credited_idx)} credited groups fail: {detail}"[:400])]

@@ -143,11 +143,15 @@ class Validator:
     # ---- the batch
 
     def validate_batch(
-        self, admitted: pb.AdmittedBatch, spec: JobSpec, *, job_id: str, head_version: int, adapters: AdapterSource
+        self, admitted: pb.AdmittedBatch, spec: JobSpec, *, job_id: str, head_version: int, adapters: AdapterSource,
+        audit: bool = False,
     ) -> list[pb.Verdict]:
         """Judge the admitted groups of one batch; returns their verdicts (see the module doc).
 
-        head_version: the trainer's head read after the batch was admitted.
+        head_version: the trainer's head read after the batch was admitted (for an audit: the
+        version its statement credits it to). audit: an audit's recheck of a credited batch
+        (`validator.audits`): every group is re-graded and re-scored, and the verdicts are only
+        returned: neither the peer's reputation here nor its sample rate changes.
         Raises what `adapters` raises for network failures (e.g. grpc.RpcError): the batch can be
         validated again later with the same outcome (first sightings are keyed by batch).
         """
@@ -159,11 +163,12 @@ class Validator:
             batch_id = signing.envelope_id(admitted.batch)
             return [_verdict(job_id, admitted.lease.peer_id, batch_id, i, envelope) for i in indices]
         peer = opened.signer
-        self.reputation.seen(peer, now)
+        if not audit:
+            self.reputation.seen(peer, now)
         if not envelope.passed:
             verdicts = [_verdict(job_id, peer, opened.batch_id, i, envelope) for i in indices]
-            return self._record(verdicts, [envelope] * len(verdicts), now)
-        rate = self.reputation.sample_rate(peer, max(self.settings.base_rate, spec.validation_rate), now)
+            return verdicts if audit else self._record(verdicts, [envelope] * len(verdicts), now)
+        rate = 1.0 if audit else self.reputation.sample_rate(peer, max(self.settings.base_rate, spec.validation_rate), now)
         t = time.monotonic()
         works = self._cheap_rungs(admitted, opened, spec, job_id, head_version, rate, now)
         self.stats.ran("cheap", len(works), t)
@@ -173,7 +178,7 @@ class Validator:
         prefill, t = [w for w in works if w.plan.logprob and not w.failed], time.monotonic()
         self._prefill_rungs(spec, job_id, adapters, prefill)
         self.stats.ran("prefill", len(prefill), t)
-        return self._judge(works, job_id, peer, opened.batch_id, now)
+        return self._judge(works, job_id, peer, opened.batch_id, now, record=not audit)
 
     def add_env(self, spec: JobSpec, env: Environment) -> None:
         """Use `env` for jobs with `spec`'s task (a data-set job's env needs its fetched bytes)."""
@@ -334,7 +339,8 @@ class Validator:
 
     # ---- verdicts
 
-    def _judge(self, works: list[_GroupWork], job_id: str, peer: str, batch_id: str, now: int) -> list[pb.Verdict]:
+    def _judge(self, works: list[_GroupWork], job_id: str, peer: str, batch_id: str, now: int, *,
+               record: bool = True) -> list[pb.Verdict]:
         verdicts, results = [], []
         for w in works:
             failed = w.failed
@@ -349,7 +355,7 @@ class Validator:
                 passed = ck.ok(ALL, ran, soft_flags=sum(r.soft_flags for r in w.results))
                 verdicts.append(_verdict(job_id, peer, batch_id, w.group.prompt_index, passed))
                 results.append(passed)
-        return self._record(verdicts, results, now)
+        return self._record(verdicts, results, now) if record else verdicts
 
     def _record(self, verdicts: list[pb.Verdict], results: Sequence[ck.CheckResult], now: int) -> list[pb.Verdict]:
         for v, r in zip(verdicts, results, strict=True):

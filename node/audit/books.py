@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -49,11 +49,24 @@ class AuditUnreachable(ValueError):
     """The trainer could not be reached, or does not host the job."""
 
 
+Recheck = Callable[[pb.ContributionStatement, pb.CreditedBatch, pb.AdmittedBatch], list[pb.AuditFinding]]
+"""A deeper check of one sampled credited batch that passed the books' checks (the validator's
+ladder: `validator.audits`): the statement that credits it, the credit, the batch as served;
+returns findings (`audit.FAILED_RECHECK`). It may raise `RecheckUnavailable` when it can't judge
+(e.g. the adapter the batch was sampled with is no longer kept): the batch then counts as
+unavailable, not as a finding."""
+
+
+class RecheckUnavailable(Exception):
+    """A recheck that could not judge its batch (not a finding)."""
+
+
 def audit_job(client: AuditClient, job_id: str, plan: AuditPlan, auditor: Identity, *, trainer_id: str = "",
-              receipts: Sequence[pb.Signed] | None = None) -> pb.AuditReport:
+              receipts: Sequence[pb.Signed] | None = None, recheck: Recheck | None = None) -> pb.AuditReport:
     """Audit `job_id` at the trainer behind `client` (its peer id `trainer_id`; default: the one
     its status names), signed later by `auditor`. Returns the report (its findings empty when the
-    books add up).
+    books add up). `recheck`: a deeper check of each sampled batch that passes the books' checks
+    (`Recheck`; the validator's ladder in audit mode).
 
     Raises:
         AuditUnreachable: the trainer does not host the job.
@@ -80,7 +93,14 @@ def audit_job(client: AuditClient, job_id: str, plan: AuditPlan, auditor: Identi
     for st, b in sample:
         got = served.get(bytes(b.batch_id).hex())
         if got is not None:
-            findings += audit.check_batch(job_id, st.version, b, got)
+            found = audit.check_batch(job_id, st.version, b, got)
+            if not found and recheck is not None:
+                try:
+                    found = recheck(st, b, got)
+                except RecheckUnavailable:
+                    unavailable += 1
+                    continue
+            findings += found
         elif st.created_ms >= fresh_ms:
             findings.append(audit.finding(audit.UNKNOWN_BATCH, version=st.version, peer_id=b.peer_id,
                                           batch_id=bytes(b.batch_id).hex(),
