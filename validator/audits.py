@@ -74,7 +74,7 @@ class AuditMode:
     """Periodic audits of the jobs a validator reads (see the module docstring).
 
     every_s: seconds between audits (> 0), also the window the sample is drawn from;
-    sample: credited batches checked per audit and job; publish: where signed reports go (None:
+    sample: credited batches checked per audit and job (0: all in the window); publish: where signed reports go (None:
     kept local, counted only); clock: monotonic seconds (injectable for tests).
 
     Raises:
@@ -93,7 +93,6 @@ class AuditMode:
         self.counts: Counter[str] = Counter()   # audits by result: clean, findings, unreachable
         self.findings: Counter[str] = Counter()  # findings by reason
         self.published = 0
-        self.last: dict[tuple[str, str], AuditResult] = {}
 
     def due(self) -> bool:
         """Whether the next audit is due now."""
@@ -114,15 +113,14 @@ class AuditMode:
                 continue
             seen.add(key)
             out.append(self.audit_one(rec))
-            self.last[key] = out[-1]
         return out
 
     def audit_one(self, rec: VerifiedRecord) -> AuditResult:
         """Audit one job at the trainer that signed `rec`; never raises for an unreachable trainer."""
         job_id, trainer_id = rec.record.job_id, rec.trainer_id
         try:
-            client = self.client_for(rec.record)
             recheck = self.recheck_for(rec) if self.recheck_for is not None else None
+            client = self.client_for(rec.record)
             try:
                 report = audit_job(client, job_id, self.plan, self.identity, trainer_id=trainer_id, recheck=recheck)
             finally:

@@ -306,7 +306,7 @@ class ValidatorConfig(_Config):
     metrics_port: int | None = Field(None, ge=0, le=65535)   # /metrics; None = off, 0 = any free port
     metrics_host: str = "127.0.0.1"
     # audit mode (validator/audits.py): every audit_every_s seconds audit each job's credit books on
-    # the windowed rule (audit_sample credited batches, every signed update of the window) and
+    # the windowed rule (audit_sample credited batches, 0 = all; every signed update of the window) and
     # publish the signed report in the DHT when audit_publish; 0 = off
     audit_every_s: float = Field(0.0, ge=0)
     audit_sample: int = Field(64, ge=0)
