@@ -108,12 +108,24 @@ def test_validator_metrics_read_the_tallies() -> None:
     rungs.groups["regrade"] += 2
     rungs.seconds["regrade"] += 0.3
     service = SimpleNamespace(stats=stats, validators={"sha": SimpleNamespace(stats=rungs)},
-                              reputation=SimpleNamespace(peers=list))
+                              reputation=SimpleNamespace(peers=list), audits=None)
     got = _scrape(lambda: validator_metrics(service))
     assert got[("swarmrl_validator_groups_checked_total", (("job_id", "j1"),))] == 4
     assert got[("swarmrl_validator_verdicts_total", (("check", "logprob"), ("job_id", "j1"), ("result", "failed")))] == 1
     assert got[("swarmrl_validator_check_seconds_total", (("check", "regrade"),))] == 0.3
     assert got[("swarmrl_validator_check_groups_total", (("check", "regrade"),))] == 2
+    assert not any(name.startswith("swarmrl_validator_audit") for name, _ in got)   # audit mode off: no series
+
+    # audit mode (validator/audits.py): audits by result from the first scrape, findings by reason
+    from collections import Counter
+
+    service.audits = SimpleNamespace(counts=Counter(clean=3, findings=1), findings=Counter(failed_recheck=2),
+                                     published=4)
+    got = _scrape(lambda: validator_metrics(service))
+    assert got[("swarmrl_validator_audits_total", (("result", "clean"),))] == 3
+    assert got[("swarmrl_validator_audits_total", (("result", "unreachable"),))] == 0
+    assert got[("swarmrl_validator_audit_findings_total", (("reason", "failed_recheck"),))] == 2
+    assert got[("swarmrl_validator_audit_reports_published_total", ())] == 4
 
 
 def test_a_fresh_worker_exposes_its_series_before_any_job(model_cache, tmp_path) -> None:
