@@ -32,6 +32,7 @@ import grpc
 from swarmrl.node.audit.books import AuditPlan, AuditUnreachable, Recheck, audit_job
 from swarmrl.node.audit.client import AuditClient
 from swarmrl.node.net import tls
+from swarmrl.node.net.call_status import code_name
 from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.protocol.audit import sign_report
 from swarmrl.protocol.identity import Identity
@@ -127,7 +128,7 @@ class AuditMode:
                 client.close()
         except (grpc.RpcError, AuditUnreachable, tls.PinError, ConnectionError) as exc:
             self.counts["unreachable"] += 1
-            reason = exc.code().name if isinstance(exc, grpc.RpcError) and hasattr(exc, "code") else str(exc)
+            reason = code_name(exc) if isinstance(exc, grpc.RpcError) else str(exc)
             log.warning("job %s: audit of trainer %s failed: %s", job_id[:12], trainer_id[:12], reason[:200])
             return AuditResult(job_id, trainer_id, None, error=reason)
         signed = sign_report(self.identity, report)

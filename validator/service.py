@@ -29,6 +29,7 @@ from swarmrl.node.audit.books import Recheck, RecheckUnavailable
 from swarmrl.node.inference import build_backend
 from swarmrl.node.models.base_model import default_cache_dir, find_base_model_by_sha
 from swarmrl.node.net import grpc_wire, tls
+from swarmrl.node.net.call_status import code_name
 from swarmrl.node.net.trainer_client import ValidatorTrainer
 from swarmrl.node.runtime.config import ValidatorConfig
 from swarmrl.node.swarm.datasets import DatasetStore, DatasetUnavailable, fetch_dataset
@@ -201,11 +202,10 @@ class ValidatorService:
         """The ladder as an audit's recheck of the sampled credited batches of `rec`'s job
         (`node.audit.books.Recheck`), or None when this validator can't judge the job (its base
         model or environment is not here)."""
-        key = (rec.record.job_id, rec.trainer_id)
-        validator = None if key in self.unusable else self.validator_for(rec.record)
-        watch = self.watch(rec) if validator is not None else None
-        if watch is None or validator is None:
+        judged = self.judge(rec)
+        if judged is None:
             return None
+        validator, watch = judged
         if watch.env is not None:
             validator.add_env(watch.spec, watch.env)
         return functools.partial(_recheck, validator, watch)
@@ -222,11 +222,10 @@ class ValidatorService:
         for rec in records:
             if stop is not None and stop.is_set():
                 break
-            key = (rec.record.job_id, rec.trainer_id)
-            validator = None if key in self.unusable else self.validator_for(rec.record)
-            watch = self.watch(rec) if validator is not None else None
-            if watch is None or validator is None:
+            judged = self.judge(rec)
+            if judged is None:
                 continue
+            validator, watch = judged
             try:
                 n, caught_up = self.round(watch, validator, stop)
             except grpc.RpcError as exc:
@@ -239,6 +238,14 @@ class ValidatorService:
         for key in [k for k in self.watches if k not in live]:  # records expired: the trainer is gone
             self.watches.pop(key).close()
         return sent
+
+    def judge(self, rec: VerifiedRecord) -> tuple[Validator, JobWatch] | None:
+        """The validator holding `rec`'s base model and the job's open watch, or None when this
+        machine can't judge the job (the record is unusable, or its base model is not here)."""
+        key = (rec.record.job_id, rec.trainer_id)
+        validator = None if key in self.unusable else self.validator_for(rec.record)
+        watch = self.watch(rec) if validator is not None else None
+        return None if watch is None or validator is None else (validator, watch)
 
     def watch(self, rec: VerifiedRecord) -> JobWatch | None:
         """The job's open watch (reopened when the trainer moved), or None for an unusable record."""
@@ -310,8 +317,7 @@ def _recheck(validator: Validator, watch: JobWatch, statement: pb.ContributionSt
         verdicts = validator.validate_batch(admitted, watch.spec, job_id=watch.job_id, head_version=statement.version,
                                             adapters=watch.adapters, audit=True)
     except grpc.RpcError as exc:
-        code = exc.code().name if hasattr(exc, "code") else "error"
-        raise RecheckUnavailable(f"the trainer could not serve what the recheck needs ({code})") from exc
+        raise RecheckUnavailable(f"the trainer could not serve what the recheck needs ({code_name(exc)})") from exc
     credited_idx = set(credited.prompt_indices)
     failed = [v for v in verdicts if not v.passed and v.prompt_index in credited_idx]
     if not failed:

@@ -114,6 +114,7 @@ def run_audit(args: argparse.Namespace) -> int:
 
     from swarmrl.node.audit.books import AuditPlan, AuditUnreachable, audit_job
     from swarmrl.node.audit.client import AuditClient
+    from swarmrl.node.net.call_status import code_name
     from swarmrl.protocol.identity import Identity
 
     receipts = _receipt_envelopes(args.receipts, args.job_id) if args.receipts is not None else None
@@ -124,8 +125,7 @@ def run_audit(args: argparse.Namespace) -> int:
         report = audit_job(AuditClient(args.trainer, args.tls_sha256), args.job_id, plan, auditor,
                            trainer_id=args.trainer_id, receipts=receipts)
     except grpc.RpcError as exc:
-        code = exc.code().name if hasattr(exc, "code") else "error"
-        raise AuditUnreachable(f"cannot reach the trainer at {args.trainer} ({code}); is it running, and is "
+        raise AuditUnreachable(f"cannot reach the trainer at {args.trainer} ({code_name(exc)}); is it running, and is "
                                "--trainer its HOST:PORT?") from exc
     _output(args, report)
     if args.report is not None or args.publish:

@@ -18,6 +18,12 @@ import grpc
 from swarmrl.node.net.grpc_guard import RETRY_AFTER_KEY
 
 
+def code_name(exc: grpc.RpcError) -> str:
+    """The name of a failed call's status code (e.g. "UNAVAILABLE"), "error" when it carries none
+    (an `RpcError` that is not a `grpc.Call`)."""
+    return exc.code().name if hasattr(exc, "code") else "error"
+
+
 class EndedCall(grpc.RpcError, grpc.Call):  # type: ignore[misc]  # grpc's classes are untyped
     """The parts of `grpc.Call` that are the same for every call that is over: nothing to cancel,
     no time left, no callbacks, no initial metadata. Subclasses say its code, details and
