@@ -28,8 +28,9 @@ WORKER_ENVS = "worker-envs"
 BATCH_RECEIPT = "batch-receipt"
 CONTRIBUTION = "contribution"
 AUDIT_REPORT = "audit-report"
+STATEMENT_HOLDER = "statement-holder"
 DOMAINS = frozenset({JOB, JOB_RECORD, LEASE_REQUEST, ROLLOUT_BATCH, ADAPTER_UPDATE, VERDICTS, DELTA_HOLDER,
-                     WORKER_ENVS, BATCH_RECEIPT, CONTRIBUTION, AUDIT_REPORT})
+                     WORKER_ENVS, BATCH_RECEIPT, CONTRIBUTION, AUDIT_REPORT, STATEMENT_HOLDER})
 
 M = TypeVar("M", bound=Message)
 

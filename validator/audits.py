@@ -15,7 +15,10 @@ in audit mode need not be in any trainer's `trusted_validators`: a report is evi
 re-check, and trainers still act only on their trusted validators' verdicts.
 
 A trainer that can't be reached, or no longer hosts the job, is counted (`unreachable`) and
-asked again at the next audit; nothing here stops the validator's rounds.
+asked again at the next audit; nothing here stops the validator's rounds. The head statement the
+trainer's job record names must be in the chain it serves (`record_mismatch`), and each chain
+that verifies is mirrored (`validator/mirror.py`): served peer to peer, so the job's public
+record outlives its trainer.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import grpc
 
@@ -37,6 +41,7 @@ from swarmrl.node.swarm.dht import VerifiedRecord
 from swarmrl.protocol.audit import sign_report
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.validator.mirror import ChainMirror
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +81,8 @@ class AuditMode:
 
     every_s: seconds between audits (> 0), also the window the sample is drawn from;
     sample: credited batches checked per audit and job (0: all in the window); publish: where signed reports go (None:
-    kept local, counted only); clock: monotonic seconds (injectable for tests).
+    kept local, counted only); mirror: keeps each chain that verified and serves it peer to peer
+    (None: no mirror); clock: monotonic seconds (injectable for tests).
 
     Raises:
         ValueError: every_s <= 0 or sample < 0.
@@ -84,12 +90,12 @@ class AuditMode:
 
     def __init__(self, identity: Identity, every_s: float, *, sample: int = 64, publish: Publish | None = None,
                  client_for: ClientFor = grpc_client, recheck_for: RecheckFor | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 mirror: ChainMirror | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         if every_s <= 0 or sample < 0:
             raise ValueError(f"audit_every_s must be > 0 and audit_sample >= 0, got {every_s} and {sample}")
         self.identity, self.every_s, self.publish = identity, every_s, publish
         self.plan = AuditPlan(sample=sample, adapters=None, window_s=every_s)
-        self.client_for, self.recheck_for, self.clock = client_for, recheck_for, clock
+        self.client_for, self.recheck_for, self.mirror, self.clock = client_for, recheck_for, mirror, clock
         self.next_at = clock()                  # the first audit runs at the first chance
         self.counts: Counter[str] = Counter()   # audits by result: clean, findings, unreachable
         self.findings: Counter[str] = Counter()  # findings by reason
@@ -123,7 +129,9 @@ class AuditMode:
             recheck = self.recheck_for(rec) if self.recheck_for is not None else None
             client = self.client_for(rec.record)
             try:
-                report = audit_job(client, job_id, self.plan, self.identity, trainer_id=trainer_id, recheck=recheck)
+                keep = None if self.mirror is None else partial(self.mirror.keep, job_id, trainer_id)
+                report = audit_job(client, job_id, self.plan, self.identity, trainer_id=trainer_id, recheck=recheck,
+                                   record=rec.record, on_chain=keep)
             finally:
                 client.close()
         except (grpc.RpcError, AuditUnreachable, tls.PinError, ConnectionError) as exc:

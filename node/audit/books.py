@@ -1,6 +1,6 @@
-"""One audit of a trainer's credit books over gRPC (issue 27 item 3, docs/CREDIT.md): what
-`swarmrl audit JOB` runs, `swarmrl up` at the end of every run, and a validator in audit mode
-every few minutes (`validator/audits.py`, with its ladder as the `recheck` of sampled batches).
+"""One audit of a trainer's credit books, over gRPC or from the public record (issue 27 item 3,
+docs/CREDIT.md): what `swarmrl audit JOB` runs, `swarmrl up` at the end of every run, and a
+validator in audit mode every few minutes (`validator/audits.py`, with its ladder as the `recheck` of sampled batches).
 
 It checks the trainer's statements as a chain, the signed update of the head version (and
 `adapters` more) against its statement, a sample of credited batches against their workers'
@@ -14,17 +14,34 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from swarmrl.protocol import audit, audit_sampling, credit
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 if TYPE_CHECKING:
-    from swarmrl.node.audit.client import AuditClient
     from swarmrl.protocol.identity import Identity
+
+
+class AuditBooks(Protocol):
+    """What an audit reads of a trainer's books: over gRPC (`client.AuditClient`) or from the
+    public record (`public.PublicBooks`: the statements from any holder, peer to peer)."""
+
+    def status(self, job_id: str) -> pb.JobStatus:
+        """The job's status (`trainer_id`, `spec_json`; state "unknown": not hosted)."""
+
+    def statements(self, job_id: str) -> list[pb.Signed]:
+        """Every signed statement of the trainer's chain of the job, ascending versions."""
+
+    def batches(self, job_id: str, batch_ids: Iterable[str]) -> dict[str, pb.AdmittedBatch] | None:
+        """The named credited batches (hex ids) the trainer still keeps, by the id it claims;
+        None when nobody can serve batches now (the trainer is gone): none is checked."""
+
+    def update_header(self, job_id: str, version: int, trainer_id: str) -> pb.AdapterUpdate | None:
+        """The signed update header that produced `version`, or None when no longer kept."""
 
 
 
@@ -62,12 +79,18 @@ class RecheckUnavailable(Exception):
     """A recheck that could not judge its batch (not a finding)."""
 
 
-def audit_job(client: AuditClient, job_id: str, plan: AuditPlan, auditor: Identity, *, trainer_id: str = "",
-              receipts: Sequence[pb.Signed] | None = None, recheck: Recheck | None = None) -> pb.AuditReport:
+def audit_job(client: AuditBooks, job_id: str, plan: AuditPlan, auditor: Identity, *, trainer_id: str = "",
+              receipts: Sequence[pb.Signed] | None = None, recheck: Recheck | None = None,
+              record: pb.JobRecord | None = None, on_chain: Callable[[list[pb.Signed]], None] | None = None,
+              ) -> pb.AuditReport:
     """Audit `job_id` at the trainer behind `client` (its peer id `trainer_id`; default: the one
     its status names), signed later by `auditor`. Returns the report (its findings empty when the
     books add up). `recheck`: a deeper check of each sampled batch that passes the books' checks
-    (`Recheck`; the validator's ladder in audit mode).
+    (`Recheck`; the validator's ladder in audit mode). `record`: the trainer's signed job record,
+    read before the books: the head statement it names must be in the chain
+    (`audit.check_record`; not checked when the chain served ends before it: a lagging mirror).
+    `on_chain`: given the statements that verified as a chain (a prefix of what was served; a
+    mirror keeps them to serve).
 
     Raises:
         AuditUnreachable: the trainer does not host the job.
@@ -79,7 +102,11 @@ def audit_job(client: AuditClient, job_id: str, plan: AuditPlan, auditor: Identi
     envelopes = client.statements(job_id)
     trainer_id = trainer_id or status.trainer_id
     statements, findings = audit.check_chain(envelopes, job_id=job_id, trainer_id=trainer_id)
+    if on_chain is not None and statements:
+        on_chain(list(envelopes[:len(statements)]))
     heads = {audit.statement_version(e): credit.statement_sha256(e) for e in envelopes}
+    if record is not None and record.statement_version <= max(heads, default=0):
+        findings += audit.check_record(statements, heads, int(record.statement_version), bytes(record.statement_sha256))
     now_ms = int(time.time() * 1000)
     since_ms = now_ms - int(plan.window_s * 1000) if plan.window_s > 0 else None
     checks = audit_sampling.pick_checks(
@@ -88,10 +115,12 @@ def audit_job(client: AuditClient, job_id: str, plan: AuditPlan, auditor: Identi
         first=audit_sampling.window_start([s.created_ms for s in statements], since_ms))
     findings += _adapter_findings(client, job_id, trainer_id, statements, checks.adapter_versions)
     sample = [(statements[i], statements[i].batches[j]) for i, j in checks.batches]
-    served = client.batches(job_id, [bytes(b.batch_id).hex() for _, b in sample])
+    answer = client.batches(job_id, [bytes(b.batch_id).hex() for _, b in sample])
+    checked = sample if answer is not None else []   # None: nobody serves batches now (the trainer is gone)
+    served = answer or {}
     fresh_ms = now_ms - int(plan.fresh_s * 1000)
-    unavailable = 0
-    for st, b in sample:
+    unavailable = len(sample) - len(checked)
+    for st, b in checked:
         got = served.get(bytes(b.batch_id).hex())
         if got is not None:
             found = audit.check_batch(job_id, st.version, b, got)
@@ -123,7 +152,7 @@ def audit_job(client: AuditClient, job_id: str, plan: AuditPlan, auditor: Identi
                               auditor_id=auditor.peer_id, created_ms=now_ms)
 
 
-def _adapter_findings(client: AuditClient, job_id: str, trainer_id: str,
+def _adapter_findings(client: AuditBooks, job_id: str, trainer_id: str,
                       statements: Sequence[pb.ContributionStatement], versions: Sequence[int]) -> list[pb.AuditFinding]:
     """Check the signed updates of `versions` against their statements (`credit.check_adapter`);
     versions whose update is no longer kept are skipped."""

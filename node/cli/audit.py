@@ -1,6 +1,7 @@
 """`swarmrl audit JOB --trainer HOST:PORT`: re-check a trainer's books from what others signed
 (issue 27 item 3, docs/CREDIT.md). Fetches the trainer's contribution statements and checks
-them as a chain; checks the signed update of the head version (and `--adapters` more) against
+them as a chain (with `--initial-peers MADDR` and no `--trainer`: from the public record, the
+statements peer to peer from any holder, the trainer found by its job record: `audit.public`); checks the signed update of the head version (and `--adapters` more) against
 its statement; samples credited batches from the trainer and checks each against its worker's
 signature; with `--receipts`, checks a worker's receipts are credited or listed dropped. Prints
 the findings (a rich table, or `--json`), writes the signed `AuditReport` with `--report`, and
@@ -26,6 +27,8 @@ from swarmrl.node.cli.checks import UsageError, endpoint, int_at_least, nonempty
 from swarmrl.protocol.audit import FRESH_S
 
 if TYPE_CHECKING:
+    from swarmrl.node.audit.books import AuditPlan
+    from swarmrl.protocol.identity import Identity
     from swarmrl.protocol.pb import swarm_pb2 as pb
 
 EXIT_CLEAN, EXIT_FINDINGS = 0, 1
@@ -49,7 +52,8 @@ def add_parser(sub: Any, make: Any) -> None:
     a = make(sub, "audit", "re-check a trainer's credit books: statements, batches, receipts")
     a.add_argument("job_id", type=nonempty, help="the job's id")
     a.add_argument("--trainer", type=endpoint, metavar="HOST:PORT",
-                   help="the trainer's gRPC endpoint (required, except with --published)")
+                   help="the trainer's gRPC endpoint; without it, --initial-peers reads the public record (the "
+                        "trainer's job record, its statements from any peer that holds them)")
     a.add_argument("--tls-sha256", type=sha256_hex, default=b"", metavar="HEX",
                    help="the trainer serves TLS: pin its certificate; without it, plaintext")
     a.add_argument("--trainer-id", default="", metavar="PEER_ID",
@@ -73,7 +77,8 @@ def add_parser(sub: Any, make: Any) -> None:
     a.add_argument("--report", type=Path, default=None, help="write the signed AuditReport (binary Signed) here")
     a.add_argument("--json", action="store_true", help="print the report as JSON")
     a.add_argument("--initial-peers", nargs="+", default=None, metavar="MADDR",
-                   help="the swarm to publish the report to (--publish) or read reports from (--published)")
+                   help="the swarm to audit from (no --trainer), publish the report to (--publish) or read "
+                        "reports from (--published)")
     a.add_argument("--publish", action="store_true",
                    help="publish the signed report in the swarm's DHT, under the job and this auditor's key "
                         "(with --key: the same auditor's next report replaces it)")
@@ -107,9 +112,9 @@ def run_audit(args: argparse.Namespace) -> int:
         raise UsageError(f"--{'publish' if args.publish else 'published'} needs --initial-peers MADDR: the swarm's DHT")
     if args.published:
         return _print_published(args)
-    if args.trainer is None:
-        raise UsageError("--trainer HOST:PORT is required (or --published --initial-peers MADDR to read "
-                         "the swarm's reports)")
+    if args.trainer is None and not args.initial_peers:
+        raise UsageError("--trainer HOST:PORT or --initial-peers MADDR is required (the trainer, or the swarm "
+                         "whose public record to audit)")
     import grpc
 
     from swarmrl.node.audit.books import AuditPlan, AuditUnreachable, audit_job
@@ -121,12 +126,15 @@ def run_audit(args: argparse.Namespace) -> int:
     auditor = Identity.load_or_create(args.key) if args.key is not None else Identity.generate()
     plan = AuditPlan(sample=args.sample, adapters=args.adapters, seed=args.seed, fresh_s=args.fresh_s,
                      window_s=args.window_s or 0.0)
-    try:
-        report = audit_job(AuditClient(args.trainer, args.tls_sha256), args.job_id, plan, auditor,
-                           trainer_id=args.trainer_id, receipts=receipts)
-    except grpc.RpcError as exc:
-        raise AuditUnreachable(f"cannot reach the trainer at {args.trainer} ({code_name(exc)}); is it running, and is "
-                               "--trainer its HOST:PORT?") from exc
+    if args.trainer is None:
+        report = _audit_public(args, plan, auditor, receipts)
+    else:
+        try:
+            report = audit_job(AuditClient(args.trainer, args.tls_sha256), args.job_id, plan, auditor,
+                               trainer_id=args.trainer_id, receipts=receipts)
+        except grpc.RpcError as exc:
+            raise AuditUnreachable(f"cannot reach the trainer at {args.trainer} ({code_name(exc)}); is it running, "
+                                   "and is --trainer its HOST:PORT?") from exc
     _output(args, report)
     if args.report is not None or args.publish:
         from swarmrl.protocol.audit import sign_report
@@ -137,6 +145,40 @@ def run_audit(args: argparse.Namespace) -> int:
         if args.publish:
             _publish(args.initial_peers, signed)
     return EXIT_FINDINGS if report.findings else EXIT_CLEAN
+
+
+def _audit_public(args: argparse.Namespace, plan: AuditPlan, auditor: Identity,
+                  receipts: list[pb.Signed] | None) -> pb.AuditReport:
+    """Audit the job from the public record of the swarm at `--initial-peers` (`audit.public`).
+
+    Raises:
+        AuditUnreachable: no trainer, holder or statement of the job could be found or read.
+        SwarmError: none of the initial peers could be reached.
+    """
+    from swarmrl.node.audit.books import AuditUnreachable, audit_job
+    from swarmrl.node.audit.public import PublicBooks
+    from swarmrl.node.swarm.dht import start_dht
+
+    dht = start_dht(args.initial_peers, client_mode=True)
+    try:
+        books = PublicBooks(dht, args.job_id, args.trainer_id)
+        try:
+            if receipts is not None and books.record is None:
+                raise AuditUnreachable("--receipts needs the trainer's job record (the job's spec), and the swarm "
+                                       "has none any more")
+            report = audit_job(books, args.job_id, plan, auditor, trainer_id=books.trainer_id, receipts=receipts,
+                               record=books.record)
+            held = books.holder
+            assert held is not None   # statements() succeeded
+            print(f"statements from {'the trainer' if held.is_trainer else 'mirror ' + held.holder_id[:16]} over "
+                  f"libp2p (head version {held.head_version}); batches and updates "
+                  f"{'from the trainer' if report.batches_checked else 'not served'}"
+                  + (f"; {len(books.holders_tried)} holder(s) failed" if books.holders_tried else ""), file=sys.stderr)
+            return report
+        finally:
+            books.close()
+    finally:
+        dht.shutdown()
 
 
 def _publish(initial_peers: list[str], signed: pb.Signed) -> None:

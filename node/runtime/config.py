@@ -307,10 +307,12 @@ class ValidatorConfig(_Config):
     metrics_host: str = "127.0.0.1"
     # audit mode (validator/audits.py): every audit_every_s seconds audit each job's credit books on
     # the windowed rule (audit_sample credited batches, 0 = all; every signed update of the window) and
-    # publish the signed report in the DHT when audit_publish; 0 = off
+    # publish the signed report in the DHT when audit_publish; 0 = off. audit_mirror: serve the
+    # statement chains that verified peer to peer (validator/mirror.py)
     audit_every_s: float = Field(0.0, ge=0)
     audit_sample: int = Field(64, ge=0)
     audit_publish: bool = True
+    audit_mirror: bool = True
 
     @field_validator("device")
     @classmethod

@@ -25,12 +25,14 @@ from swarmrl.node.swarm.dht import (
     join_swarm,
     visible_maddrs,
 )
+from swarmrl.node.swarm.statement_gossip import Source, StatementGossip
 from swarmrl.node.trainer.checkpoint import prune_checkpoints
 from swarmrl.node.trainer.hosting import Trainer
 from swarmrl.node.trainer.job import JobRuntime
 from swarmrl.node.trainer.ops import ops_urls, start_trainer_ops
 from swarmrl.node.trainer.service import serve
 from swarmrl.protocol.identity import Identity
+from swarmrl.protocol.pb import swarm_pb2 as pb
 
 if TYPE_CHECKING:
     import hivemind
@@ -45,19 +47,24 @@ class TrainerLoop:
     """The phases of the trainer's main loop: announce -> coordinate with cotrainers -> step."""
 
     def __init__(self, trainer: Trainer, dht: hivemind.DHT, identity: Identity, endpoint: str,
-                 tls_cert_sha256: bytes = b"") -> None:
+                 tls_cert_sha256: bytes = b"", statements: StatementGossip | None = None) -> None:
         self.trainer, self.dht, self.identity, self.endpoint = trainer, dht, identity, endpoint
-        self.tls_cert_sha256 = tls_cert_sha256
+        self.tls_cert_sha256, self.statements = tls_cert_sha256, statements
         self.maddrs = visible_maddrs(dht)
         self.last_announce = self.last_look = 0.0
         self.finished: set[str] = set()
 
     def announce(self, job: JobRuntime) -> None:
         """Put the job's signed record (version, announced endpoint and multiaddrs, pinned TLS
-        certificate, cotrainers) in the DHT now."""
+        certificate, cotrainers, head statement) in the DHT now, and the head statement this
+        trainer serves peer to peer (`statement_gossip`; its record only when the head moved or
+        is due for refresh)."""
         record = job.record(self.endpoint)
         record.tls_cert_sha256, record.maddrs[:] = self.tls_cert_sha256, self.maddrs
         announce_job(self.dht, self.identity, record)
+        if self.statements is not None:
+            self.statements.announce(job.job_id, self.identity.peer_id, int(record.statement_version),
+                                     bytes(record.statement_sha256), job.statements.count())
 
     def announce_if_due(self) -> None:
         """Refresh every job's signed DHT record every REFRESH_S."""
@@ -118,7 +125,9 @@ def run(cfg: TrainerConfig) -> None:
                                  "maddrs": visible_maddrs(dht), "tls_sha256": grpc_side.cert_sha256.hex(),
                                  **ops_urls(ops)})
     log.info("trainer %s serving on %s%s", identity.peer_id, endpoint, " (TLS)" if cfg.tls else "")
-    loop = TrainerLoop(trainer, dht, identity, endpoint, grpc_side.cert_sha256)
+    statements = StatementGossip(dht, identity, statement_source(trainer, identity.peer_id),
+                                 dialable=not cfg.net.client_mode)
+    loop = TrainerLoop(trainer, dht, identity, endpoint, grpc_side.cert_sha256, statements)
     try:
         while not stop.is_set():
             loop.announce_if_due()
@@ -138,8 +147,20 @@ def run(cfg: TrainerConfig) -> None:
         for job in trainer.jobs.values():
             if job.cotraining is not None:
                 job.cotraining.swarm.shutdown()
+        statements.shutdown()
         trainer.ledger.close()
         dht.shutdown()
+
+
+def statement_source(trainer: Trainer, peer_id: str) -> Source:
+    """The trainer's own statements of the jobs it hosts, for `StatementGossip` to serve (a
+    request for another trainer's chain, or a job not hosted here, gets none)."""
+    def source(job_id: str, trainer_id: str, after_version: int, max_statements: int) -> list[pb.Signed]:
+        job = trainer.jobs.get(job_id)
+        if job is None or trainer_id != peer_id:
+            return []
+        return job.statements.fetch(after_version, max_statements)
+    return source
 
 
 @dataclass

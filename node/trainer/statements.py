@@ -90,6 +90,10 @@ class StatementBook:
         self._head = stored
         return stored
 
+    def count(self) -> int:
+        """How many statements of the job this trainer has signed (its chain's length)."""
+        return self.ledger.statement_count(self.job_id)
+
     def fetch(self, after_version: int, max_statements: int) -> list[pb.Signed]:
         """Statements above `after_version`, ascending: at most `max_statements` (0: the default
         DEFAULT_STATEMENTS; capped at MAX_STATEMENTS)."""

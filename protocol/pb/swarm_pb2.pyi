@@ -1759,21 +1759,27 @@ class StatementRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     AFTER_VERSION_FIELD_NUMBER: _builtins.int
     MAX_STATEMENTS_FIELD_NUMBER: _builtins.int
+    TRAINER_ID_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     after_version: _builtins.int
     """statements with a version above this, ascending"""
     max_statements: _builtins.int
     """0: the trainer's default"""
+    trainer_id: _builtins.str
+    """Over libp2p (`swarmrl.v1.FetchStatements`): whose statements (a mirror may hold several
+    trainers' chains of a job); empty: the serving trainer's own. Ignored by the gRPC call.
+    """
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         after_version: _builtins.int = ...,
         max_statements: _builtins.int = ...,
+        trainer_id: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_version", b"after_version", "job_id", b"job_id", "max_statements", b"max_statements"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["after_version", b"after_version", "job_id", b"job_id", "max_statements", b"max_statements", "trainer_id", b"trainer_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1800,6 +1806,65 @@ class StatementList(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___StatementList: _TypeAlias = StatementList  # noqa: Y015
+
+@_typing.final
+class StatementHolder(_message.Message):
+    """Signed by a peer that serves one trainer's contribution statements of a job over libp2p
+    (domain "statement-holder"; DHT key swarmrl/v1/statements/{job_id}, subkey
+    "{holder_id}:{trainer_id}"): the trainer itself, or a mirror (a validator in audit mode)
+    that checked the chain. The statements are the trainer's signed bodies; the holder only
+    vouches for where they are and which head (by its content address) it serves.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    HOLDER_ID_FIELD_NUMBER: _builtins.int
+    TRAINER_ID_FIELD_NUMBER: _builtins.int
+    HEAD_VERSION_FIELD_NUMBER: _builtins.int
+    HEAD_SHA256_FIELD_NUMBER: _builtins.int
+    STATEMENTS_FIELD_NUMBER: _builtins.int
+    LIBP2P_PEER_ID_FIELD_NUMBER: _builtins.int
+    MADDRS_FIELD_NUMBER: _builtins.int
+    UPDATED_MS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    holder_id: _builtins.str
+    """Ed25519 peer id of the holder (= the signer)"""
+    trainer_id: _builtins.str
+    """whose chain"""
+    head_version: _builtins.int
+    """the newest statement served"""
+    head_sha256: _builtins.bytes
+    """its content address (sha256 of its signed body)"""
+    statements: _builtins.int
+    """how many it serves (head_version - first + 1 for a whole chain)"""
+    libp2p_peer_id: _builtins.bytes
+    """where to open a stream (hivemind PeerID bytes)"""
+    updated_ms: _builtins.int
+    @_builtins.property
+    def maddrs(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """where to dial it (.../p2p/<id>)"""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        holder_id: _builtins.str = ...,
+        trainer_id: _builtins.str = ...,
+        head_version: _builtins.int = ...,
+        head_sha256: _builtins.bytes = ...,
+        statements: _builtins.int = ...,
+        libp2p_peer_id: _builtins.bytes = ...,
+        maddrs: _abc.Iterable[_builtins.str] | None = ...,
+        updated_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["head_sha256", b"head_sha256", "head_version", b"head_version", "holder_id", b"holder_id", "job_id", b"job_id", "libp2p_peer_id", b"libp2p_peer_id", "maddrs", b"maddrs", "statements", b"statements", "trainer_id", b"trainer_id", "updated_ms", b"updated_ms"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StatementHolder: _TypeAlias = StatementHolder  # noqa: Y015
 
 @_typing.final
 class AuditFinding(_message.Message):

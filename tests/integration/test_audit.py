@@ -199,7 +199,7 @@ def test_reports_are_published_in_the_dht_and_listed(served, capsys, tmp_path) -
         assert main(["audit", "no-such-job", "--published", "--initial-peers", *peers]) == 2
         assert main(["audit", job.job_id, "--publish", "--trainer", endpoint]) == 2   # no --initial-peers
         assert main(["audit", job.job_id]) == 2   # no --trainer
-        assert "--trainer HOST:PORT is required" in capsys.readouterr().err
+        assert "--trainer HOST:PORT or --initial-peers MADDR is required" in capsys.readouterr().err
     finally:
         dht.shutdown()
 
