@@ -3,7 +3,9 @@
 # trainer, worker and a validator with -o audit_every_s=5 run as their own processes; a tiny job
 # of 80 steps trains; the validator audits the job's books (and runs its ladder on the sampled
 # credited batches) every 5 s and publishes each signed report in the DHT; at the end anyone lists
-# them with `swarmrl audit JOB --published`. Usage: bash scripts/demo_audit_mode.sh [WORKDIR]
+# them with `swarmrl audit JOB --published`; then anyone audits the job from the public record
+# (`swarmrl audit JOB --initial-peers MADDR`: the statements peer to peer), once from the trainer and,
+# after the trainer is stopped, from the validator's mirror. Usage: bash scripts/demo_audit_mode.sh [WORKDIR]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 S=$root/.venv/bin/swarmrl
@@ -18,6 +20,7 @@ ready boot.ready; maddr=$(field boot.ready maddrs)
 "$S" keygen keys/validator.key > validator.id
 vid=$(grep -o '[0-9a-f]\{40\}' validator.id | head -1)
 "$S" trainer --initial-peers "$maddr" -o grpc_port=0 -o "trusted_validators=[\"$vid\"]" -o ready_file='"trainer.ready"' > trainer.log 2>&1 &
+trainer_pid=$!
 "$S" worker --initial-peers "$maddr" -o base_model=tiny > worker.log 2>&1 &
 "$S" validator --initial-peers "$maddr" -o audit_every_s=5 -o metrics_port=0 -o ready_file='"validator.ready"' > validator.log 2>&1 &
 ready trainer.ready; ready validator.ready; endpoint=$(field trainer.ready endpoint)
@@ -29,3 +32,8 @@ sleep 6   # one more audit after the last step
 echo "--- the validator's audits"; grep "audits:" validator.log | cut -d' ' -f2,6- || true
 echo "--- its /metrics"; curl -s "$(field validator.ready metrics)" | grep '^swarmrl_validator_audit' || true
 echo "--- swarmrl audit JOB --published"; "$S" audit "$job" --published --initial-peers "$maddr"
+echo "--- swarmrl audit JOB --initial-peers MADDR (the public record; the trainer serves its statements)"
+"$S" audit "$job" --initial-peers "$maddr" --sample 0
+echo "--- the same once the trainer has stopped (the validator's mirror serves them)"
+kill -TERM "$trainer_pid"; wait "$trainer_pid" || true
+"$S" audit "$job" --initial-peers "$maddr" --sample 0

@@ -243,7 +243,7 @@ def _output(args: argparse.Namespace, report: pb.AuditReport) -> None:
     console = Console()
     console.print(f"audit of job {report.job_id} at trainer {report.trainer_id[:16]}: {report.statements} statements "
                   f"(head version {report.head_version}), {report.batches_checked} batches checked "
-                  f"({report.batches_unavailable} no longer kept), {report.receipts_checked} receipts checked "
+                  f"({report.batches_unavailable} not served: compacted, or the trainer is gone), {report.receipts_checked} receipts checked "
                   f"({report.receipts_pending} groups not due yet)", markup=False)
     if not report.findings:
         console.print("no findings: the books add up")
