@@ -20,7 +20,7 @@ import hivemind
 
 from swarmrl.node.audit.books import AuditUnreachable
 from swarmrl.node.audit.client import AuditClient
-from swarmrl.node.swarm.dht import find_jobs
+from swarmrl.node.swarm.dht import VerifiedRecord, find_jobs
 from swarmrl.node.swarm.statement_gossip import StatementGossip
 from swarmrl.node.swarm.statement_records import StatementSource, find_statement_sources
 from swarmrl.protocol.identity import Identity
@@ -33,7 +33,8 @@ PUBLIC_STATE = "public-record"   # the state `PublicBooks.status` reports (the a
 class PublicBooks:
     """`books.AuditBooks` from the public record of `job_id` in the swarm `dht` joins (one trainer's
     chain: `trainer_id`, needed when the job has several trainers). `holders_tried` names each
-    holder that failed and why; `holder` is the one whose statements were read.
+    holder that failed and why; `holder` is the one whose statements were read; `verified` the
+    trainer's signed job record (None once it has expired), `record` its body.
 
     Raises (on construction):
         AuditUnreachable: the swarm names no trainer of the job, or several and none was chosen.
@@ -50,6 +51,7 @@ class PublicBooks:
             raise AuditUnreachable(f"job {job_id!r} has {len(trainers)} trainers ({', '.join(t[:16] for t in trainers)}): "
                                    "name one with --trainer-id")
         self.trainer_id = trainers[0]
+        self.verified: VerifiedRecord | None = records[0] if records else None
         self.record: pb.JobRecord | None = records[0].record if records else None
         self.sources = [s for s in sources if s.trainer_id == self.trainer_id]
         self.holder: StatementSource | None = None

@@ -1,10 +1,11 @@
 """`swarmrl audit JOB --trainer HOST:PORT`: re-check a trainer's books from what others signed
 (issue 27 item 3, docs/CREDIT.md). Fetches the trainer's contribution statements and checks
 them as a chain (with `--initial-peers MADDR` and no `--trainer`: from the public record, the
-statements peer to peer from any holder, the trainer found by its job record: `audit.public`); checks the signed update of the head version (and `--adapters` more) against
-its statement; samples credited batches from the trainer and checks each against its worker's
-signature; with `--receipts`, checks a worker's receipts are credited or listed dropped. Prints
-the findings (a rich table, or `--json`), writes the signed `AuditReport` with `--report`, and
+statements peer to peer from any holder, the trainer found by its job record: `audit.public`);
+checks the signed update of the head version (and `--adapters` more) against its statement;
+samples credited batches from the trainer and checks each against its worker's signature (with
+`--recheck`, also through the validator's ladder: `audit_ladder`); with `--receipts`, checks a
+worker's receipts are credited or listed dropped. Prints the findings (a rich table, or `--json`), writes the signed `AuditReport` with `--report`, and
 with `--publish --initial-peers MADDR` puts it in the swarm's DHT (`swarm.audit_records`);
 `swarmrl audit JOB --published --initial-peers MADDR` lists what auditors published.
 
@@ -20,6 +21,7 @@ import sqlite3
 import sys
 import time
 from collections import Counter
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +75,11 @@ def add_parser(sub: Any, make: Any) -> None:
                         "ledger_keep_s)")
     a.add_argument("--receipts", type=Path, default=None, metavar="PATH",
                    help="a worker's receipt store (a <peer id>.sqlite file, or the receipts/ folder of its cache)")
+    a.add_argument("--recheck", action="store_true",
+                   help="also run the validator's ladder on each sampled credited batch (re-grading, recomputed "
+                        "log-probs of the sampled tokens, ...): loads the job's base model from --cache-dir")
+    a.add_argument("--cache-dir", type=Path, help="base model cache for --recheck (default: $SWARMRL_CACHE or "
+                                                  "~/.cache/swarmrl)")
     a.add_argument("--key", type=Path, default=None, help="the auditor's key file, to sign the report (created)")
     a.add_argument("--report", type=Path, default=None, help="write the signed AuditReport (binary Signed) here")
     a.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -129,12 +136,21 @@ def run_audit(args: argparse.Namespace) -> int:
     if args.trainer is None:
         report = _audit_public(args, plan, auditor, receipts)
     else:
+        client = AuditClient(args.trainer, args.tls_sha256)
         try:
-            report = audit_job(AuditClient(args.trainer, args.tls_sha256), args.job_id, plan, auditor,
-                               trainer_id=args.trainer_id, receipts=receipts)
+            with ExitStack() as stack:
+                recheck = None
+                if args.recheck:
+                    from swarmrl.node.cli.audit_ladder import ladder, record_over_grpc
+                    rec = record_over_grpc(client, args.job_id, args.trainer, args.tls_sha256, args.trainer_id)
+                    recheck = stack.enter_context(ladder(rec, auditor, args.cache_dir))
+                report = audit_job(client, args.job_id, plan, auditor, trainer_id=args.trainer_id, receipts=receipts,
+                                   recheck=recheck)
         except grpc.RpcError as exc:
             raise AuditUnreachable(f"cannot reach the trainer at {args.trainer} ({code_name(exc)}); is it running, "
                                    "and is --trainer its HOST:PORT?") from exc
+        finally:
+            client.close()
     _output(args, report)
     if args.report is not None or args.publish:
         from swarmrl.protocol.audit import sign_report
@@ -163,11 +179,17 @@ def _audit_public(args: argparse.Namespace, plan: AuditPlan, auditor: Identity,
     try:
         books = PublicBooks(dht, args.job_id, args.trainer_id)
         try:
-            if receipts is not None and books.record is None:
-                raise AuditUnreachable("--receipts needs the trainer's job record (the job's spec), and the swarm "
-                                       "has none any more")
-            report = audit_job(books, args.job_id, plan, auditor, trainer_id=books.trainer_id, receipts=receipts,
-                               record=books.record)
+            if (receipts is not None or args.recheck) and books.verified is None:
+                raise AuditUnreachable(f"{'--receipts' if receipts is not None else '--recheck'} needs the trainer's "
+                                       "job record (the job's spec), and the swarm has none any more")
+            with ExitStack() as stack:
+                recheck = None
+                if args.recheck:
+                    from swarmrl.node.cli.audit_ladder import ladder
+                    assert books.verified is not None
+                    recheck = stack.enter_context(ladder(books.verified, auditor, args.cache_dir))
+                report = audit_job(books, args.job_id, plan, auditor, trainer_id=books.trainer_id, receipts=receipts,
+                                   record=books.record, recheck=recheck)
             held = books.holder
             assert held is not None   # statements() succeeded
             print(f"statements from {'the trainer' if held.is_trainer else 'mirror ' + held.holder_id[:16]} over "

@@ -150,6 +150,14 @@ def test_a_lying_holder_is_skipped_and_a_record_in_anothers_name_dropped(rec: Re
         liar_dht.shutdown()
 
 
+def test_the_ladder_runs_in_the_public_record_audit(rec: Record, capsys, model_cache) -> None:
+    """--recheck from the public record: the base model named by the job record, the batches from
+    the trainer's endpoint; run_tiny_job's rollouts are made up (worker-signed), so every credited
+    batch fails the ladder."""
+    code, report, _ = _audit(capsys, rec, "--recheck", "--cache-dir", str(model_cache))
+    assert code == 1 and [f["reason"] for f in report["findings"]] == ["failed_recheck"] * 6, report
+
+
 def test_misuse_is_one_line_and_exit_2(rec: Record, capsys) -> None:
     assert main(["audit", "no-such-job", "--initial-peers", *rec.peers]) == 2
     err = capsys.readouterr().err.strip().splitlines()

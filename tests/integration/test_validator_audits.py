@@ -10,11 +10,13 @@ test_audit.py, whose batches carry invented tokens and log-probs: every sampled 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from swarmrl.node.audit.client import AuditClient
+from swarmrl.node.cli.main import main
 from swarmrl.node.inference import build_backend
 from swarmrl.node.local.inprocess import InProcessTrainer
 from swarmrl.node.models.base_model import prepare_base_model
@@ -42,7 +44,7 @@ def _validator(tmp_path: Path, model_cache: Path, connect=None) -> tuple[Validat
     return ValidatorService(cfg, key, connect=connect), key
 
 
-def test_honest_rollouts_pass_the_ladder_inside_the_audit(tmp_path: Path, model_cache: Path) -> None:
+def test_honest_rollouts_pass_the_ladder_inside_the_audit(tmp_path: Path, model_cache: Path, capsys) -> None:
     trainer = InProcessTrainer(TrainerConfig(state_dir=tmp_path / "trainer", cache_dir=model_cache, probation_s=0),
                                Identity.generate())
     spec = builtin_job("tiny", model_cache, steps=2, batch_groups=2, prompts_per_lease=2)
@@ -70,6 +72,12 @@ def test_honest_rollouts_pass_the_ladder_inside_the_audit(tmp_path: Path, model_
         assert body.batches_checked >= 1 and body.statements == job.version
         print(f"honest: {body.statements} statements, {body.batches_checked} credited batches re-checked, no finding")
         assert service.reputation.peers() == []   # an audit's recheck records nothing against the worker
+        # the same ladder run by `swarmrl audit --recheck` itself (the base model from --cache-dir)
+        capsys.readouterr()
+        code = main(["audit", ack.job_id, "--trainer", f"127.0.0.1:{port}", "--recheck", "--cache-dir",
+                     str(model_cache), "--sample", "0", "--json"])
+        report = json.loads(capsys.readouterr().out)
+        assert code == 0 and report.get("findings", []) == [] and int(report["batchesChecked"]) >= 1, report
     finally:
         server.stop(0)
         session.close()
@@ -77,7 +85,8 @@ def test_honest_rollouts_pass_the_ladder_inside_the_audit(tmp_path: Path, model_
         trainer.close()
 
 
-def test_a_trainer_crediting_made_up_rollouts_is_named_by_the_recheck(tmp_path: Path, model_cache: Path) -> None:
+def test_a_trainer_crediting_made_up_rollouts_is_named_by_the_recheck(tmp_path: Path, model_cache: Path,
+                                                                     capsys) -> None:
     trainer = Trainer(TrainerConfig(state_dir=tmp_path / "trainer", cache_dir=model_cache), Identity.generate())
     job, stores = run_tiny_job(trainer, tmp_path / "receipts")   # invented tokens and log-probs, worker-signed
     server, port = serve(trainer, "127.0.0.1", 0, 4)
@@ -94,6 +103,12 @@ def test_a_trainer_crediting_made_up_rollouts_is_named_by_the_recheck(tmp_path: 
         assert result.findings == body.batches_checked == 6 and set(mode.findings) == {audit.FAILED_RECHECK}
         print("made up:", [f.detail for f in body.findings][:2])
         assert {f.peer_id for f in body.findings} == {w.peer_id for w in WORKERS}
+        audit_cmd = ["audit", job.job_id, "--trainer", endpoint, "--sample", "0", "--json"]
+        assert main(audit_cmd) == 0   # `swarmrl audit`: the books add up ...
+        capsys.readouterr()
+        assert main([*audit_cmd, "--recheck", "--cache-dir", str(model_cache)]) == 1   # ... the ladder does not
+        report = json.loads(capsys.readouterr().out)
+        assert [f["reason"] for f in report["findings"]] == [audit.FAILED_RECHECK] * 6, report
     finally:
         server.stop(0)
         for s in stores:
