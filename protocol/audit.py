@@ -30,9 +30,10 @@ OMITTED_GROUP = "omitted_group"    # a receipted admitted group neither credited
 FORGED_RECEIPT = "forged_receipt"  # a receipt not signed by the job's trainer, or not about the job
 RECORD_MISMATCH = "record_mismatch"  # the job record's head statement is not in the chain served
 FAILED_RECHECK = "failed_recheck"  # a credited batch whose groups fail a validator's ladder (re-grade, log-probs, ...)
+STEP_MISMATCH = "step_mismatch"    # a published version that is not one step on its credited groups (a replay)
 FRESH_S = 1800.0   # half the trainer's default ledger_keep_s: a batch credited since then must still be served
 REASONS = credit.REASONS | {UNKNOWN_BATCH, FORGED_BATCH, WRONG_WORKER, NOT_ADMITTED, OMITTED_GROUP, FORGED_RECEIPT,
-                            RECORD_MISMATCH, FAILED_RECHECK}
+                            RECORD_MISMATCH, FAILED_RECHECK, STEP_MISMATCH}
 
 
 def finding(reason: str, *, version: int = 0, peer_id: str = "", batch_id: str = "", detail: str = "") -> pb.AuditFinding:

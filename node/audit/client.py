@@ -14,7 +14,7 @@ from swarmrl.node.net.grpc_retry import Backoff, call_with_backoff, stream_with_
 from swarmrl.protocol.book_paging import all_statements, batches_by_id
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
-from swarmrl.protocol.updates import headers
+from swarmrl.protocol.updates import ReceivedUpdate, assemble, headers
 
 AUDIT_BACKOFF = Backoff(attempts=2, base_s=0.25, max_s=1.0)
 PAGE = 64                    # statements asked per call (the trainer's cap)
@@ -74,6 +74,20 @@ class AuditClient:
         except Exception:  # noqa: BLE001 - OUT_OF_RANGE (pruned) or a bad stream: not available
             return None
         return None
+
+
+    def updates(self, job_id: str, have_version: int, want_version: int, trainer_id: str) -> list[ReceivedUpdate]:
+        """The trainer's signed updates from `have_version` to `want_version` with their payloads
+        (deltas, or a snapshot where a delta is no longer kept), verified (`updates.assemble`).
+
+        Raises:
+            grpc.RpcError: the call failed (OUT_OF_RANGE: a version the trainer no longer keeps).
+            AdapterError: a header or payload that does not verify.
+        """
+        req = pb.AdapterRequest(job_id=job_id, have_version=have_version, want_version=want_version,
+                                requester="auditor")
+        return list(assemble(stream_with_backoff(lambda: self.trainer.FetchAdapter(req, timeout=self.timeout_s),
+                                                 AUDIT_BACKOFF), trainer_id))
 
 
 def hosting_books(endpoints: Sequence[str]) -> Callable[[str], AuditClient | None]:

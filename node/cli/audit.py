@@ -30,6 +30,7 @@ from swarmrl.protocol.audit import FRESH_S
 
 if TYPE_CHECKING:
     from swarmrl.node.audit.books import AuditPlan
+    from swarmrl.node.audit.client import AuditClient
     from swarmrl.protocol.identity import Identity
     from swarmrl.protocol.pb import swarm_pb2 as pb
 
@@ -78,6 +79,10 @@ def add_parser(sub: Any, make: Any) -> None:
     a.add_argument("--recheck", action="store_true",
                    help="also run the validator's ladder on each sampled credited batch (re-grading, recomputed "
                         "log-probs of the sampled tokens, ...): loads the job's base model from --cache-dir")
+    a.add_argument("--replay", type=_adapters, default=0, metavar="N|all",
+                   help="recompute the job's first N versions (all: every one) from version 0 on the groups its "
+                        "statements credit, and check each published version is that step (needs --trainer and "
+                        "the base model in --cache-dir; costs the trainer's compute for those steps)")
     a.add_argument("--cache-dir", type=Path, help="base model cache for --recheck (default: $SWARMRL_CACHE or "
                                                   "~/.cache/swarmrl)")
     a.add_argument("--key", type=Path, default=None, help="the auditor's key file, to sign the report (created)")
@@ -119,6 +124,8 @@ def run_audit(args: argparse.Namespace) -> int:
         raise UsageError(f"--{'publish' if args.publish else 'published'} needs --initial-peers MADDR: the swarm's DHT")
     if args.published:
         return _print_published(args)
+    if args.replay != 0 and args.trainer is None:
+        raise UsageError("--replay needs --trainer HOST:PORT (the credited batches and every version's delta)")
     if args.trainer is None and not args.initial_peers:
         raise UsageError("--trainer HOST:PORT or --initial-peers MADDR is required (the trainer, or the swarm "
                          "whose public record to audit)")
@@ -146,6 +153,8 @@ def run_audit(args: argparse.Namespace) -> int:
                     recheck = stack.enter_context(ladder(rec, auditor, args.cache_dir))
                 report = audit_job(client, args.job_id, plan, auditor, trainer_id=args.trainer_id, receipts=receipts,
                                    recheck=recheck)
+            if args.replay != 0:
+                _replay(args, client, report)
         except grpc.RpcError as exc:
             raise AuditUnreachable(f"cannot reach the trainer at {args.trainer} ({code_name(exc)}); is it running, "
                                    "and is --trainer its HOST:PORT?") from exc
@@ -161,6 +170,29 @@ def run_audit(args: argparse.Namespace) -> int:
         if args.publish:
             _publish(args.initial_peers, signed)
     return EXIT_FINDINGS if report.findings else EXIT_CLEAN
+
+
+def _replay(args: argparse.Namespace, client: AuditClient, report: pb.AuditReport) -> None:
+    """Replay the job's first `--replay` versions (`audit_replay`); its findings join the report.
+
+    Raises:
+        UsageError: a job whose trainer did not step alone, or a base model not here.
+    """
+    from swarmrl.node.cli.audit_replay import check_replayable, model_for, replay
+    from swarmrl.protocol import audit
+    from swarmrl.protocol.jobspec import JobSpec
+
+    status = client.status(args.job_id)
+    spec = JobSpec.from_json(status.spec_json)
+    check_replayable(status, spec)
+    statements, _ = audit.check_chain(client.statements(args.job_id), job_id=args.job_id,
+                                      trainer_id=report.trainer_id)
+    done = replay(client, args.job_id, report.trainer_id, statements, spec, model_for(spec, args.cache_dir),
+                  args.replay)
+    report.findings.extend(done.findings)
+    print(f"replayed {done.versions} version(s) from version 0: {len(done.findings)} not the credited step, the "
+          f"others within {done.worst:.2g} of it ({done.step_s:.2f} CPU-s per step)"
+          + (f"; stopped: {done.stopped}" if done.stopped else ""), file=sys.stderr)
 
 
 def _audit_public(args: argparse.Namespace, plan: AuditPlan, auditor: Identity,

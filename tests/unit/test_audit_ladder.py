@@ -18,7 +18,8 @@ def test_a_base_model_not_in_the_cache_is_a_usage_error(tmp_path: Path) -> None:
     trainer = Identity.generate()
     record = pb.JobRecord(job_id="j1", trainer_id=trainer.peer_id, endpoint="127.0.0.1:1",
                           base_model="nobody/unknown-model", base_model_sha256=bytes(32), spec_json="{}")
-    with pytest.raises(UsageError, match="can't judge job 'j1': its base model nobody/unknown-model"):
-        with ladder(VerifiedRecord(record, trainer.peer_id, trainer.public_key), Identity.generate(), tmp_path):
-            pass
+    rec = VerifiedRecord(record, trainer.peer_id, trainer.public_key)
+    with pytest.raises(UsageError, match="can't judge job 'j1': its base model nobody/unknown-model"), \
+            ladder(rec, Identity.generate(), tmp_path):
+        pass
     assert list(tmp_path.iterdir()) == []   # nothing was downloaded or written to the cache
