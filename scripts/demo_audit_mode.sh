@@ -33,12 +33,12 @@ echo "job $job at $endpoint; work in $work"
 until "$S" status "$job" --trainer "$endpoint" --json 2>/dev/null | grep -q '"done"'; do sleep 2; done
 sleep 6   # one more audit after the last step
 echo "--- the validator's audits"; grep "audits:" validator.log | cut -d' ' -f2,6- || true
-echo "--- its /metrics"; curl -s "$(field validator.ready metrics)" | grep '^swarmrl_validator_audit' || true
+echo "--- its /metrics"; "$root/.venv/bin/python" -c "import sys, urllib.request; print(urllib.request.urlopen(sys.argv[1]).read().decode())" "$(field validator.ready metrics)" | grep '^swarmrl_validator_audit' || true
 echo "--- swarmrl audit JOB --published"; "$S" audit "$job" --published --initial-peers "$maddr"
 echo "--- swarmrl audit JOB --initial-peers MADDR (the public record; the trainer serves its statements)"
 "$S" audit "$job" --initial-peers "$maddr" --sample 0
 echo "--- swarmrl audit JOB --trainer HOST:PORT --replay all (every version recomputed from the credited groups)"
-/usr/bin/time -f "%e s wall, %U s user" "$S" audit "$job" --trainer "$endpoint" --replay all --sample 0
+time "$S" audit "$job" --trainer "$endpoint" --replay all --sample 0
 echo "--- the same once the trainer has stopped (the validator's mirror serves them)"
 kill -TERM "$trainer_pid"; wait "$trainer_pid" || true
 "$S" audit "$job" --initial-peers "$maddr" --sample 0
