@@ -1,6 +1,7 @@
 """One audit of a trainer's credit books, over gRPC or from the public record (issue 27 item 3,
 docs/CREDIT.md): what `swarmrl audit JOB` runs, `swarmrl up` at the end of every run, and a
-validator in audit mode every few minutes (`validator/audits.py`, with its ladder as the `recheck` of sampled batches).
+validator in audit mode every few minutes (`validator/audits.py`, with its ladder as the
+`recheck` of sampled batches).
 
 It checks the trainer's statements as a chain, the signed update of the head version (and
 `adapters` more) against its statement, a sample of credited batches against their workers'

@@ -43,6 +43,7 @@ PROTOCOL = "swarmrl.v1.FetchStatements"
 PAGE = 64                  # statements per answer at most
 PAGE_BYTES = 1 << 20       # bytes per answer at most (hivemind's unary messages stop at 4 MiB)
 CALL_TIMEOUT_S = 20.0
+NEW_HEAD_S = 2.0           # a holder's record follows a moving head at most this often (one DHT store each)
 
 Source = Callable[[str, str, int, int], list[pb.Signed]]
 """(job_id, trainer_id, after_version, max_statements) -> that trainer's signed statements of the
@@ -141,14 +142,17 @@ class StatementGossip:
     def announce(self, job_id: str, trainer_id: str, head_version: int, head_sha256: bytes, statements: int, *,
                  force: bool = False) -> None:
         """Announce that this peer serves `trainer_id`'s statements of `job_id` up to `head_version`:
-        at once for a new head (or with `force`), else when the last record is due for refresh.
-        Nothing when this peer serves nothing, can't be dialled, or has no head yet; a DHT
-        failure is logged (the next call retries)."""
+        a new head at most every `NEW_HEAD_S` (a trainer steps faster than that: its record may
+        lag a few versions; readers audit up to the head a record names), an unchanged one when
+        its record is due for refresh, anything with `force`. Nothing when this peer serves
+        nothing, can't be dialled, or has no head yet; a DHT failure is logged (the next call
+        retries)."""
         if self.source is None or not self.dialable or head_version < 1:
             return
         key = (job_id, trainer_id)
         at, version = self._announced.get(key, (0.0, 0))
-        if not force and version == head_version and time.monotonic() - at < REFRESH_S:
+        since = time.monotonic() - at
+        if not force and since < (REFRESH_S if version == head_version else NEW_HEAD_S):
             return
         try:
             announce_statements(self.dht, self.identity, job_id=job_id, trainer_id=trainer_id,

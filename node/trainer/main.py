@@ -57,14 +57,14 @@ class TrainerLoop:
     def announce(self, job: JobRuntime) -> None:
         """Put the job's signed record (version, announced endpoint and multiaddrs, pinned TLS
         certificate, cotrainers, head statement) in the DHT now, and the head statement this
-        trainer serves peer to peer (`statement_gossip`; its record only when the head moved or
-        is due for refresh)."""
+        trainer serves peer to peer (`statement_gossip`: throttled while the job runs, at once
+        when it is done)."""
         record = job.record(self.endpoint)
         record.tls_cert_sha256, record.maddrs[:] = self.tls_cert_sha256, self.maddrs
         announce_job(self.dht, self.identity, record)
         if self.statements is not None:
             self.statements.announce(job.job_id, self.identity.peer_id, int(record.statement_version),
-                                     bytes(record.statement_sha256), job.statements.count())
+                                     bytes(record.statement_sha256), job.statements.count(), force=job.done)
 
     def announce_if_due(self) -> None:
         """Refresh every job's signed DHT record every REFRESH_S."""
@@ -125,10 +125,11 @@ def run(cfg: TrainerConfig) -> None:
                                  "maddrs": visible_maddrs(dht), "tls_sha256": grpc_side.cert_sha256.hex(),
                                  **ops_urls(ops)})
     log.info("trainer %s serving on %s%s", identity.peer_id, endpoint, " (TLS)" if cfg.tls else "")
-    statements = StatementGossip(dht, identity, statement_source(trainer, identity.peer_id),
-                                 dialable=not cfg.net.client_mode)
-    loop = TrainerLoop(trainer, dht, identity, endpoint, grpc_side.cert_sha256, statements)
+    statements: StatementGossip | None = None
     try:
+        statements = StatementGossip(dht, identity, statement_source(trainer, identity.peer_id),
+                                     dialable=not cfg.net.client_mode)
+        loop = TrainerLoop(trainer, dht, identity, endpoint, grpc_side.cert_sha256, statements)
         while not stop.is_set():
             loop.announce_if_due()
             records = loop.look_for_cotrainers_if_due()
@@ -147,7 +148,8 @@ def run(cfg: TrainerConfig) -> None:
         for job in trainer.jobs.values():
             if job.cotraining is not None:
                 job.cotraining.swarm.shutdown()
-        statements.shutdown()
+        if statements is not None:
+            statements.shutdown()
         trainer.ledger.close()
         dht.shutdown()
 
