@@ -46,9 +46,10 @@ class JobShape(Strict):
                                  "(and leased) before 'busy'")
     backlog_counts_open: bool = Field(False, description="lease_rule 'pending', what-if: the backlog rule counts "
                                       "the prompts of open leases (leases.backlog_full)")
-    ask_at_head: bool = Field(False, description="what-if: a worker asks for a lease only once it holds the "
-                              "job's head version (waiting up to worker.HEAD_WAIT_MAX_S), so a lease's share of the "
-                              "promise is not held while its worker catches up")
+    ask_at_head: bool = Field(True, description="a worker asks for a lease only once it holds the job's head "
+                              "version (waiting up to worker.HEAD_WAIT_MAX_S), so a lease's share of the promise is "
+                              "not held while its worker catches up: the product's rule (JobSession.catch_up_to_head); "
+                              "false: the rule before")
     weight: float = Field(1.0, gt=0, description="the job's weight (JobSpec.weight, protocol.market)")
 
     @model_validator(mode="after")
@@ -130,6 +131,10 @@ class Validation(Strict):
     prefill_s: float = Field(0.2, ge=0, description="validator time per log-prob recomputation (one prefill)")
     poll_s: float = Field(1.0, gt=0, description="validator round period")
     probation_s: float = Field(60.0, ge=0)
+    probation_ends: Literal["age", "age_or_last_chance"] = Field(
+        "age_or_last_chance", description="when a group of an unchecked peer may be trained: 'age' once it is "
+        "probation_s old (the rule before); 'age_or_last_chance' also at the last step that can still train it "
+        "(its version at the step's staleness floor: the product's rule, JobRuntime.trainable_cutoff)")
 
 
 class Gossip(Strict):

@@ -36,7 +36,7 @@ class SimTrainer:
     """One trainer of the job (prompt shard `rank` of `count`)."""
 
     def __init__(self, rank: int, count: int, job: JobShape, uplink: Uplink, metrics: Metrics,
-                 probation_s: float) -> None:
+                 probation_s: float, last_chance: bool = True) -> None:
         self.rank, self.job, self.uplink, self.m = rank, job, uplink, metrics
         ids = itertools.count()   # lease ids "rank-n": unique per swarm, reproducible from the seed
         self.book = LeaseBook(JOB_ID, ttl_ms=int(job.lease_ttl_s * 1000), shard=(rank, count),
@@ -44,7 +44,7 @@ class SimTrainer:
         self.spec = job.spec()
         self.lim = ch.limits(job.max_async_level)
         self.sampling = pb.SamplingParams(n=job.group_size)
-        self.pending = PendingPool(probation_s)
+        self.pending = PendingPool(probation_s, last_chance)
         self.strikes: Counter[str] = Counter()
         self.banned: set[str] = set()
         self.exposed: set[str] = set()      # leases with a batch recorded (SampleAdmitted shows them)
@@ -171,17 +171,19 @@ class SimTrainer:
         floor = version - self.job.max_async_level
         self.m.waste("stale", self.pending.drop(lambda p: p.version < floor))
 
-    def has_batch(self, now_s: float) -> bool:
-        """True when a full batch of admitted groups is trainable at `now_s` (s): past probation
-        (the peer passed a check, or the group is `probation_s` old; job.trainable_cutoff)."""
-        return len(self.pending) >= self.job.batch_groups and self.pending.trainable(now_s) >= self.job.batch_groups
+    def has_batch(self, now_s: float, version: int) -> bool:
+        """True when a full batch of admitted groups is trainable at `now_s` (s) by a step from
+        `version`: past probation (the peer passed a check, the group is `probation_s` old, or
+        it is at its last chance; job.trainable_cutoff)."""
+        return len(self.pending) >= self.job.batch_groups and \
+            self.pending.trainable(now_s, version - self.job.max_async_level) >= self.job.batch_groups
 
-    def take_batch(self, now_s: float) -> list[Pending]:
+    def take_batch(self, now_s: float, version: int) -> list[Pending]:
         """Take the next batch (the oldest `batch_groups` trainable groups, or none short of a
         full batch) off the pending pool; they count as `training` until `published`."""
-        if not self.has_batch(now_s):
+        if not self.has_batch(now_s, version):
             return []
-        batch = self.pending.take(self.job.batch_groups, now_s)
+        batch = self.pending.take(self.job.batch_groups, now_s, version - self.job.max_async_level)
         self.training += len(batch)
         return batch
 

@@ -43,7 +43,8 @@ class World:
         self.population = Population(sc, self.profile)
         n = sc.trainers.count
         self.trainers = [SimTrainer(r, n, sc.job, Uplink(TRAINER_REGIONS[r % 3], sc.network.trainer_up_mbit * MBIT),
-                                    self.metrics, sc.validation.probation_s if sc.validation.validators else 0.0)
+                                    self.metrics, sc.validation.probation_s if sc.validation.validators else 0.0,
+                                    sc.validation.probation_ends == "age_or_last_chance")
                          for r in range(n)]
         self.gossip = DeltaSpread(sc.gossip, self.profile.delta_bytes, self.profile.snapshot_bytes,
                                   sc.network.announce_s, sc.seed, self.trainer_source)
@@ -136,7 +137,7 @@ class World:
             yield self.env.timeout(tick)
             self._wake_waiters()
             alive = [t for t in self.trainers if t.alive]
-            ready = [t for t in alive if t.has_batch(self.env.now)]
+            ready = [t for t in alive if t.has_batch(self.env.now, self.version)]
             if not ready:
                 first_ready = None
                 continue
@@ -145,7 +146,7 @@ class World:
                 if self.env.now - first_ready < self.sc.trainers.averaging_timeout_s:
                     continue
             first_ready = None
-            batches = {t.rank: t.take_batch(self.env.now) for t in ready}
+            batches = {t.rank: t.take_batch(self.env.now, self.version) for t in ready}
             yield self.env.timeout(self._step_s(len(ready)))
             self._publish(sum(len(b) for b in batches.values()))
             self._record_statements(batches)

@@ -149,8 +149,11 @@ class TrainerConfig(_Config):
     max_batch_mb: int = Field(16, ge=1)
     trusted_validators: list[str] = []   # peer ids whose verdicts the trainer acts on
     # With trusted validators: a peer's groups wait up to this long for its first passing verdict
-    # before they may be trained (probation for new peers; 0 = off). See JobRuntime.trainable_cutoff.
+    # before they may be trained, and never past their last fresh step (probation for new peers;
+    # 0 = off). See JobRuntime.trainable_cutoff. probation_last_chance = false: the hold is whole
+    # (groups go stale on probation rather than be trained unchecked; docs/ARCHITECTURE.md).
     probation_s: float = Field(60.0, ge=0)
+    probation_last_chance: bool = True
     allowed_submitters: list[str] | None = None   # None = anyone may submit jobs
     # the highest weight a job may ask (JobSpec.weight: its share when demand exceeds supply,
     # protocol/market.py); per submitter peer id in submitter_weight_caps, else max_job_weight.

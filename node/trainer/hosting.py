@@ -57,6 +57,7 @@ class Trainer:
                              dataset=dataset,
                              ledger=self.ledger, prompt_shard=self.cfg.prompt_shard,
                              probation_ms=int(self.cfg.probation_s * 1000) if self.cfg.trusted_validators else 0,
+                             probation_last_chance=self.cfg.probation_last_chance,
                              wrap_reducer=reducer_wrap(self.cfg.fault), device=self.cfg.device,
                              ledger_keep_ms=int(self.cfg.ledger_keep_s * 1000), weight=weight,
                              statement_drill=drill_for(self.cfg.red_team, job_id))

@@ -27,7 +27,7 @@ from swarmrl.node.trainer.admission import Admission
 from swarmrl.node.trainer.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from swarmrl.node.trainer.cotraining import CotrainerSync
 from swarmrl.node.trainer.learner import Learner
-from swarmrl.node.trainer.ledger import Ledger, PendingGroup
+from swarmrl.node.trainer.ledger import Ledger, PendingGroup, Probation
 from swarmrl.node.trainer.outer import OuterOptimizer
 from swarmrl.node.trainer.red_team import StatementDrill
 from swarmrl.node.trainer.statements import StatementBook
@@ -64,7 +64,8 @@ class JobRuntime:
     the trainer's main loop calls `train_step`.
 
     probation_ms: how long the admitted groups of a peer without a passing verdict from a
-        trusted validator wait before a step may use them (0: no probation; `trainable_cutoff`).
+        trusted validator wait before a step may use them (0: no probation; `trainable_cutoff`);
+        probation_last_chance: a held group may still be trained at its last fresh step.
     clock: unix seconds (default time.time; tests pass their own).
     monotonic: the lease book's clock, seconds that never jump (`Admission`; default
         time.monotonic, or `clock` when a test passes its own).
@@ -79,7 +80,8 @@ class JobRuntime:
 
     def __init__(
         self, job_id: str, spec: JobSpec, *, identity: Identity, model_path: Path, state_dir: Path, ledger: Ledger,
-        prompt_shard: tuple[int, int] = (0, 1), probation_ms: int = 0, clock: Callable[[], float] = time.time,
+        prompt_shard: tuple[int, int] = (0, 1), probation_ms: int = 0, probation_last_chance: bool = True,
+        clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] | None = None,
         wrap_reducer: ReducerWrap | None = None, dataset: bytes | None = None, device: str = "cpu",
         ledger_keep_ms: int = LEDGER_KEEP_MS, weight: float | None = None,
@@ -90,6 +92,7 @@ class JobRuntime:
             raise ValueError(f"announced weight {self.weight} is not in (0, the job's weight {spec.weight}]")
         self.job_id, self.spec, self.identity, self.ledger = job_id, spec, identity, ledger
         self.probation_ms, self.clock, self.wrap_reducer = probation_ms, clock, wrap_reducer
+        self.probation_last_chance = probation_last_chance
         self.ledger_keep_ms = ledger_keep_ms
         self.dir = state_dir / "jobs" / job_id
         self.dataset = dataset
@@ -223,29 +226,39 @@ class JobRuntime:
         if self.done:
             return False
         self.ledger.drop_stale(self.job_id, self.version - self.spec.max_async_level, note=STALE_AT_STEP)
-        return self.ledger.count_pending(self.job_id, held_after_ms=self.trainable_cutoff()) >= self.spec.batch_min
+        return self.ledger.count_pending(self.job_id, hold=self.trainable_cutoff()) >= self.spec.batch_min
 
-    def trainable_cutoff(self) -> int | None:
+    def trainable_cutoff(self) -> Probation | None:
         """Probation: a group of a peer that no trusted validator has passed yet may be trained
-        only once its batch is `probation_ms` old (unix ms cutoff; None: no probation). A new
-        peer's first groups then wait for the validator, which checks new peers at rate 1, so a
-        cheater is usually banned (and its groups dropped) before any of them is trained; the
-        cutoff keeps a slow or absent validator from stalling the job."""
-        return self.now_ms() - self.probation_ms if self.probation_ms > 0 else None
+        only once its batch is `probation_ms` old, or at its last chance: when its policy version
+        is at the next step's staleness floor (version - max_async_level), so probation never
+        lets a group go stale (None: no probation). A new peer's first groups wait for the
+        validator, which checks new peers at rate 1, so a cheater is usually banned (and its
+        groups dropped) before any of them is trained; the cutoffs keep a slow or absent
+        validator from stalling the job or wasting its work (issue 24: with 10,000 workers, 2
+        validators gave a new peer its first verdict after ~25 minutes, and 60 s of probation
+        outlasted the ~45 s staleness window, so most groups went stale on probation). The price:
+        in a small fast swarm the window is a few seconds, so a new peer's groups are trained
+        that soon if no verdict came first; `probation_last_chance=False` (trainer config
+        `probation_last_chance`) keeps the hold whole."""
+        if self.probation_ms <= 0:
+            return None
+        floor = self.version - self.spec.max_async_level if self.probation_last_chance else -1
+        return Probation(self.now_ms() - self.probation_ms, floor)
 
     def groups_on_probation(self) -> int:
         """Pending groups a step may not use yet (their peer has no passing verdict; see
         `trainable_cutoff`)."""
-        cutoff = self.trainable_cutoff()
-        if cutoff is None:
+        hold = self.trainable_cutoff()
+        if hold is None:
             return 0
-        return self.ledger.count_on_probation(self.job_id, cutoff)
+        return self.ledger.count_on_probation(self.job_id, hold)
 
     def take_batch(self) -> list[PendingGroup]:
         """The next trainable pending groups still inside the staleness window, oldest first, at
         most `spec.batch_max` (elastic intake: with a range, a step takes what is there up to max)."""
         while True:
-            pending = self.ledger.pending(self.job_id, self.spec.batch_max, held_after_ms=self.trainable_cutoff())
+            pending = self.ledger.pending(self.job_id, self.spec.batch_max, hold=self.trainable_cutoff())
             stale = [p for p in pending if self.version - min(c.policy_version for c in p.group.completions)
                      > self.spec.max_async_level]
             if not stale:

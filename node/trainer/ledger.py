@@ -35,6 +35,16 @@ COMPACT_BATCHES = 1000   # batches one Ledger.compact call clears at most
 
 
 @dataclass(frozen=True)
+class Probation:
+    """Which pending groups of peers without a passing verdict a step may not use yet: those
+    whose batch arrived after `held_after_ms` (unix ms) and whose policy version is above
+    `last_chance_version` (the step's staleness floor: a group at it is trained now or never)."""
+
+    held_after_ms: int
+    last_chance_version: int
+
+
+@dataclass(frozen=True)
 class PendingGroup:
     """An admitted, not yet trained group as the learner consumes it."""
 
@@ -191,26 +201,29 @@ class Ledger(PeerTables, CreditTables):
         return {i for (i,) in self._query("SELECT prompt_index FROM groups WHERE job_id = ?", (job_id,))}
 
     # Pending groups a step may use when new peers are on probation: the peer has a passing verdict
-    # in the job, or the group's batch arrived at or before the cutoff (its hold is over).
+    # in the job, the group's batch arrived at or before the cutoff (its hold is over), or the
+    # group is at its last chance (its version at or below the step's staleness floor).
     _TRAINABLE = (
-        "(b.received_ms <= ? OR EXISTS (SELECT 1 FROM verdicts v"
+        "(b.received_ms <= ? OR g.policy_version <= ? OR EXISTS (SELECT 1 FROM verdicts v"
         " WHERE v.job_id = g.job_id AND v.peer_id = g.peer_id AND v.passed = 1))"
     )
 
-    def pending(self, job_id: str, limit: int, *, held_after_ms: int | None = None) -> list[PendingGroup]:
-        """The oldest `limit` pending groups. With `held_after_ms`, only the trainable ones: groups
-        of peers without a passing verdict whose batch arrived after it are held back."""
-        where, args = self._pending_filter(job_id, held_after_ms)
+    def pending(self, job_id: str, limit: int, *, hold: Probation | None = None) -> list[PendingGroup]:
+        """The oldest `limit` pending groups. With `hold`, only the trainable ones: groups of peers
+        without a passing verdict whose batch arrived after its cutoff, above its last-chance
+        version, are held back."""
+        where, args = self._pending_filter(job_id, hold)
         rows = self._query(
             f"SELECT g.id, g.peer_id, g.grp FROM groups g JOIN batches b ON b.seq = g.batch_seq WHERE {where}"
             " ORDER BY g.id LIMIT ?", (*args, limit),
         )
         return [PendingGroup(r, p, pb.Group.FromString(g)) for r, p, g in rows]
 
-    def _pending_filter(self, job_id: str, held_after_ms: int | None) -> tuple[str, tuple[Any, ...]]:
-        if held_after_ms is None:
+    def _pending_filter(self, job_id: str, hold: Probation | None) -> tuple[str, tuple[Any, ...]]:
+        if hold is None:
             return "g.job_id = ? AND g.state = 'pending'", (job_id,)
-        return f"g.job_id = ? AND g.state = 'pending' AND {self._TRAINABLE}", (job_id, held_after_ms)
+        return (f"g.job_id = ? AND g.state = 'pending' AND {self._TRAINABLE}",
+                (job_id, hold.held_after_ms, hold.last_chance_version))
 
     def drop_stale(self, job_id: str, min_version: int, note: str) -> int:
         """Drop pending groups generated before `min_version` (out of the staleness window)."""
@@ -222,19 +235,20 @@ class Ledger(PeerTables, CreditTables):
             )
             return cur.rowcount
 
-    def count_pending(self, job_id: str, *, held_after_ms: int | None = None) -> int:
-        """Pending groups of the job (with `held_after_ms`: the trainable ones, as `pending`)."""
-        where, args = self._pending_filter(job_id, held_after_ms)
+    def count_pending(self, job_id: str, *, hold: Probation | None = None) -> int:
+        """Pending groups of the job (with `hold`: the trainable ones, as `pending`)."""
+        where, args = self._pending_filter(job_id, hold)
         return int(self._query(
             f"SELECT COUNT(*) FROM groups g JOIN batches b ON b.seq = g.batch_seq WHERE {where}", args)[0][0])
 
-    def count_on_probation(self, job_id: str, held_after_ms: int) -> int:
-        """Pending groups of the job that are not trainable yet (held after `held_after_ms`, their
-        peer with no passing verdict): one query, so groups admitted meanwhile can't make it
-        negative, as the difference of two counts could."""
+    def count_on_probation(self, job_id: str, hold: Probation) -> int:
+        """Pending groups of the job that are not trainable yet (held by `hold`, their peer with no
+        passing verdict): one query, so groups admitted meanwhile can't make it negative, as the
+        difference of two counts could."""
         return int(self._query(
             "SELECT COUNT(*) FROM groups g JOIN batches b ON b.seq = g.batch_seq"
-            f" WHERE g.job_id = ? AND g.state = 'pending' AND NOT {self._TRAINABLE}", (job_id, held_after_ms))[0][0])
+            f" WHERE g.job_id = ? AND g.state = 'pending' AND NOT {self._TRAINABLE}",
+            (job_id, hold.held_after_ms, hold.last_chance_version))[0][0])
 
     def mark(self, row_ids: Iterable[int], state: str, *, step: int | None = None, note: str = "") -> None:
         """Set the state (e.g. "trained", "no_signal", "dropped") of the groups with ledger ids `row_ids`.

@@ -333,6 +333,7 @@ class Worker:
         """A lease of `rec`'s job for a round of several jobs, or why not: BUSY (the trainer is
         skipped a while: `JobMarket.refused_busy`) or REFUSED. Raises what `_guard` absorbs."""
         session = self.session(rec)
+        session.catch_up_to_head()
         lease = session.request_lease()
         if lease is None:
             if session.last_refusal == "busy":

@@ -129,6 +129,7 @@ class JobSession:
     # ---- the round
     def work_once(self) -> RoundResult | None:
         """One lease, end to end. Returns None when the trainer granted no lease."""
+        self.catch_up_to_head()
         lease = self.request_lease()
         if lease is None:
             return None
@@ -174,10 +175,7 @@ class JobSession:
     def catch_up(self, version: int) -> None:
         """Bring the adapter replica to at least `version` (deltas from peers or the trainer, or a
         snapshot past the gap limit) and load it into the backend."""
-        t0, before = time.monotonic(), self.replica.version
-        self.sync.run(version)
-        if self.replica.version != before:
-            self.stats.caught_up(time.monotonic() - t0)
+        self._sync(version)
         if self.replica.version < version:
             raise AdapterBehind(f"adapter sources served up to {self.replica.version}, lease wants {version}")
         state, held = self.sync.held()
@@ -186,6 +184,28 @@ class JobSession:
             with_recovery(self.backend, lambda: self.backend.set_adapter(self.job_id, state),
                           what=f"job {self.job_id[:12]} adapter load", on_fault=self.stats.engine_fault)
             self.loaded_version = held
+
+    def catch_up_to_head(self) -> None:
+        """Ask at the head (issue 24): bring the replica to the version the job's record names
+        before asking for a lease, so the lease's staleness clock does not run while this worker
+        fetches the version it will sample with (a lease is granted at the trainer's head; in the
+        simulator, asking at the head took 10,000 workers from 0.43 to 0.40 of their groups wasted
+        and from 0.78x to 0.97x the groups trained, docs/MARKET.md). The prefetch thread
+        usually got there first; a source that fails here is tried again by `catch_up`."""
+        head = int(self.record.head_version)
+        if self.replica.version >= head:
+            return
+        try:
+            self._sync(head)
+        except Exception as exc:  # noqa: BLE001 - a peer or the trainer failed: catch_up after the lease retries
+            log.info("job %s: catching up to head %d before the lease failed: %r", self.job_id[:12], head, exc)
+
+    def _sync(self, version: int) -> None:
+        """Bring the replica to `version` on the lease's path (a catch-up is counted when it moved)."""
+        t0, before = time.monotonic(), self.replica.version
+        self.sync.run(version)
+        if self.replica.version != before:
+            self.stats.caught_up(time.monotonic() - t0)
 
     def prefetch(self, version: int) -> None:
         """Bring the replica (not the backend) to `version` ahead of the next lease."""

@@ -14,7 +14,7 @@ import pytest
 
 from swarmrl.node.local import live as live_mod
 from swarmrl.node.local.processes import SwarmFailed
-from swarmrl.node.trainer.ledger import Ledger
+from swarmrl.node.trainer.ledger import Ledger, Probation
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 
@@ -31,9 +31,11 @@ def test_on_probation_is_pending_less_trainable_and_never_negative(tmp_path: Pat
         _admit(led, f"b{i}", peer, i, at)
     led.add_verdicts("J", "validator", [pb.Verdict(job_id="J", peer_id="vouched", batch_id="b3", prompt_index=3,
                                                    passed=True, check="x")], now_ms=991)
-    cutoff = 500   # groups received after it are trainable only with a passing verdict for their peer
+    cutoff = Probation(500, -1)   # received after 500 ms: trainable only with a passing verdict for their peer
     assert led.count_on_probation("J", cutoff) == 2   # the two of "new"
-    assert led.count_on_probation("J", cutoff) == led.count_pending("J") - led.count_pending("J", held_after_ms=cutoff)
+    assert led.count_on_probation("J", cutoff) == led.count_pending("J") - led.count_pending("J", hold=cutoff)
+    last_chance = Probation(500, 0)   # the step's staleness floor at the groups' version 0: now or never
+    assert led.count_on_probation("J", last_chance) == 0 and led.count_pending("J", hold=last_chance) == 4
     led.mark([p.row_id for p in led.pending("J", 10)], "trained", step=1)
     assert led.count_on_probation("J", cutoff) == 0
     led.close()

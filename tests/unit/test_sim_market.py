@@ -44,10 +44,10 @@ def test_the_trainer_leases_no_more_than_its_open_capacity():
     assert lease is not None
     assert len(t.submit(worker(0), lease, 5.0, 0)) == 4
     assert len(t.pending) == 4 and t.book.open_prompts() == 20 and t.capacity() == 0
-    assert len(t.take_batch(6.0)) == 0   # 4 pending: no full batch yet
+    assert len(t.take_batch(6.0, 0)) == 0   # 4 pending: no full batch yet
     for _, other in got[1:2]:
         assert other is not None and len(t.submit(worker(1), other, 6.0, 0)) == 4
-    assert len(t.take_batch(7.0)) == 8
+    assert len(t.take_batch(7.0, 0)) == 8
     # the step in progress still counts against the promise (the product's ledger marks its
     # groups trained only once the version is published), so nothing frees until then
     assert t.training == 8 and t.capacity() == 0

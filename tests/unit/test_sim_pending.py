@@ -1,11 +1,14 @@
 """The simulated trainer's pending pool counts and takes trainable groups as the probation rule
-says (JobRuntime.trainable_cutoff: the peer passed a check, or the group is probation_s old),
-without scanning the pool on every ask."""
+says (JobRuntime.trainable_cutoff: the peer passed a check, the group is probation_s old, or, with
+the last chance, its version is at the step's staleness floor), without scanning the pool on
+every ask."""
 
 from __future__ import annotations
 
 import math
 import random
+
+import pytest
 
 from swarmrl.simulations.network import Uplink
 from swarmrl.simulations.pending import Pending, PendingPool
@@ -17,17 +20,20 @@ def peer(idx: int) -> Worker:
                   uplink=Uplink("na", 1e9), nat=False, mode="", joined_s=0.0, leaves_s=math.inf)
 
 
-def rule(p: Pending, now: float, probation_s: float) -> bool:
-    return probation_s <= 0 or p.peer.passed_s <= now or p.admitted_s <= now - probation_s
+def rule(p: Pending, now: float, probation_s: float, floor: int | None = None) -> bool:
+    return probation_s <= 0 or p.peer.passed_s <= now or p.admitted_s <= now - probation_s or \
+        (floor is not None and p.version <= floor)
 
 
-def test_the_pool_agrees_with_the_probation_rule_through_adds_passes_steps_and_drops():
+@pytest.mark.parametrize("last_chance", [False, True])
+def test_the_pool_agrees_with_the_probation_rule_through_adds_passes_steps_and_drops(last_chance):
     rng = random.Random(0)
     peers = [peer(i) for i in range(8)]
-    pool, model = PendingPool(probation_s=60.0), []
-    now = 0.0
+    pool, model = PendingPool(probation_s=60.0, last_chance=last_chance), []
+    now, floor = 0.0, -3   # the steps' staleness floor only rises (version - max_async_level)
     for _ in range(3000):
         now += rng.uniform(0, 2)
+        floor += rng.random() < 0.02
         op = rng.random()
         if op < 0.5:
             groups = [Pending(rng.choice(peers), rng.randrange(10), now) for _ in range(rng.randint(1, 4))]
@@ -38,15 +44,15 @@ def test_the_pool_agrees_with_the_probation_rule_through_adds_passes_steps_and_d
             w.passed_s = min(w.passed_s, now + rng.uniform(0, 30))   # a verdict due now or later
             pool.passed(w)
         elif op < 0.75:
-            want = [p for p in model if rule(p, now, 60.0)][:5]
-            assert pool.take(5, now) == want
+            want = [p for p in model if rule(p, now, 60.0, floor if last_chance else None)][:5]
+            assert pool.take(5, now, floor) == want
             model = [p for p in model if p not in want]
         elif op < 0.8:
-            floor = rng.randrange(10)
-            assert pool.drop(lambda p, floor=floor: p.version < floor) == sum(p.version < floor for p in model)
-            model = [p for p in model if p.version >= floor]
+            cut = rng.randrange(10)
+            assert pool.drop(lambda p, cut=cut: p.version < cut) == sum(p.version < cut for p in model)
+            model = [p for p in model if p.version >= cut]
         assert len(pool) == len(model)
-        assert pool.trainable(now) == sum(rule(p, now, 60.0) for p in model)
+        assert pool.trainable(now, floor) == sum(rule(p, now, 60.0, floor if last_chance else None) for p in model)
     assert pool.clear() == len(model) and len(pool) == 0 and pool.trainable(now) == 0
 
 

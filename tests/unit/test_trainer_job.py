@@ -212,7 +212,20 @@ def test_probation_holds_new_peers_groups_until_a_passing_verdict(tmp_path, mode
     assert _submit(job, _honest_batch(job, late, _lease(job, late))).groups[0].admitted
     assert late.peer_id not in {p.peer_id for p in job.take_batch()}
     clock.advance(1.001)
-    assert late.peer_id in {p.peer_id for p in job.take_batch()}
+    batch = job.take_batch()
+    assert late.peer_id in {p.peer_id for p in batch}
+    job.ledger.mark([p.row_id for p in batch], "trained", step=2)
+    # the last chance: a held group whose version is at the step's staleness floor is trained now
+    # (or never), whatever the hold (probation must never make a group stale)
+    job.probation_ms = 3_600_000
+    last = Identity.from_seed(b"z" * 32)
+    assert _submit(job, _honest_batch(job, last, _lease(job, last))).groups[0].admitted
+    assert last.peer_id not in {p.peer_id for p in job.take_batch()} and job.groups_on_probation() == 1
+    job.version += job.spec.max_async_level   # versions published meanwhile: the group is at the floor
+    job.probation_last_chance = False   # the whole hold (trainer config probation_last_chance = false)
+    assert last.peer_id not in {p.peer_id for p in job.take_batch()} and job.groups_on_probation() == 1
+    job.probation_last_chance = True
+    assert last.peer_id in {p.peer_id for p in job.take_batch()} and job.groups_on_probation() == 0
     ledger.close()
 
 
