@@ -117,8 +117,8 @@ def run_audit(args: argparse.Namespace) -> int:
     """Audit the job (module docstring, `audit.books.audit_job`); returns the exit code.
 
     Raises:
-        AuditUnreachable: the trainer can't be reached or does not host the job.
-        UsageError: a bad --receipts path.
+        AuditUnreachable: the trainer or the job's public record can't be reached.
+        UsageError: a bad --receipts path, or options that don't go together.
     """
     if (args.publish or args.published) and not args.initial_peers:
         raise UsageError(f"--{'publish' if args.publish else 'published'} needs --initial-peers MADDR: the swarm's DHT")
@@ -129,37 +129,15 @@ def run_audit(args: argparse.Namespace) -> int:
     if args.trainer is None and not args.initial_peers:
         raise UsageError("--trainer HOST:PORT or --initial-peers MADDR is required (the trainer, or the swarm "
                          "whose public record to audit)")
-    import grpc
-
-    from swarmrl.node.audit.books import AuditPlan, AuditUnreachable, audit_job
-    from swarmrl.node.audit.client import AuditClient
-    from swarmrl.node.net.call_status import code_name
+    from swarmrl.node.audit.books import AuditPlan
     from swarmrl.protocol.identity import Identity
 
     receipts = _receipt_envelopes(args.receipts, args.job_id) if args.receipts is not None else None
     auditor = Identity.load_or_create(args.key) if args.key is not None else Identity.generate()
     plan = AuditPlan(sample=args.sample, adapters=args.adapters, seed=args.seed, fresh_s=args.fresh_s,
                      window_s=args.window_s or 0.0)
-    if args.trainer is None:
-        report = _audit_public(args, plan, auditor, receipts)
-    else:
-        client = AuditClient(args.trainer, args.tls_sha256)
-        try:
-            with ExitStack() as stack:
-                recheck = None
-                if args.recheck:
-                    from swarmrl.node.cli.audit_ladder import ladder, record_over_grpc
-                    rec = record_over_grpc(client, args.job_id, args.trainer, args.tls_sha256, args.trainer_id)
-                    recheck = stack.enter_context(ladder(rec, auditor, args.cache_dir))
-                report = audit_job(client, args.job_id, plan, auditor, trainer_id=args.trainer_id, receipts=receipts,
-                                   recheck=recheck)
-            if args.replay != 0:
-                _replay(args, client, report)
-        except grpc.RpcError as exc:
-            raise AuditUnreachable(f"cannot reach the trainer at {args.trainer} ({code_name(exc)}); is it running, "
-                                   "and is --trainer its HOST:PORT?") from exc
-        finally:
-            client.close()
+    audit = _audit_public if args.trainer is None else _audit_trainer
+    report = audit(args, plan, auditor, receipts)
     _output(args, report)
     if args.report is not None or args.publish:
         from swarmrl.protocol.audit import sign_report
@@ -170,6 +148,41 @@ def run_audit(args: argparse.Namespace) -> int:
         if args.publish:
             _publish(args.initial_peers, signed)
     return EXIT_FINDINGS if report.findings else EXIT_CLEAN
+
+
+def _audit_trainer(args: argparse.Namespace, plan: AuditPlan, auditor: Identity,
+                   receipts: list[pb.Signed] | None) -> pb.AuditReport:
+    """Audit the job at the trainer `--trainer` names (gRPC), with the ladder (`--recheck`) and
+    the replay (`--replay`) when asked.
+
+    Raises:
+        AuditUnreachable: the trainer can't be reached or does not host the job.
+        UsageError: `--recheck` or `--replay` can't judge the job here.
+    """
+    import grpc
+
+    from swarmrl.node.audit.books import AuditUnreachable, audit_job
+    from swarmrl.node.audit.client import AuditClient
+    from swarmrl.node.net.call_status import code_name
+
+    client = AuditClient(args.trainer, args.tls_sha256)
+    try:
+        with ExitStack() as stack:
+            recheck = None
+            if args.recheck:
+                from swarmrl.node.cli.audit_ladder import ladder, record_over_grpc
+                rec = record_over_grpc(client, args.job_id, args.trainer, args.tls_sha256, args.trainer_id)
+                recheck = stack.enter_context(ladder(rec, auditor, args.cache_dir))
+            report = audit_job(client, args.job_id, plan, auditor, trainer_id=args.trainer_id, receipts=receipts,
+                               recheck=recheck)
+        if args.replay != 0:
+            _replay(args, client, report)
+        return report
+    except grpc.RpcError as exc:
+        raise AuditUnreachable(f"cannot reach the trainer at {args.trainer} ({code_name(exc)}); is it running, "
+                               "and is --trainer its HOST:PORT?") from exc
+    finally:
+        client.close()
 
 
 def _replay(args: argparse.Namespace, client: AuditClient, report: pb.AuditReport) -> None:
