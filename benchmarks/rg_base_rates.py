@@ -43,12 +43,18 @@ def main() -> None:
     ap.add_argument("--chat", action="store_true")
     ap.add_argument("--format", default="think_answer")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--system-prompt", default=None,
+                    help="the job's system_prompt (a worked example for a base model, say); @FILE reads it from FILE")
     args = ap.parse_args()
+    system = args.system_prompt
+    if system is not None and system.startswith("@"):
+        with open(system[1:], encoding="utf-8") as f:
+            system = f.read().rstrip("\n")
     torch.set_num_threads(args.threads)
     backend = build_backend("hf", find_base_model(resolve_model_name(args.model)))
     for name, config in args.task:
         task = ReasoningGymTask.model_validate({"reasoning_gym": name, "config": config, "chat_template": args.chat,
-                                                "reasoning_format": args.format})
+                                                "reasoning_format": args.format, "system_prompt": system})
         env = ReasoningGymEnv(task, seed=0)
         prompts = env.prompts(0, range(args.prompts))
         ids = [render_prompt(backend.tokenizer, p, args.chat) for p in prompts]
