@@ -62,6 +62,9 @@ def test_a_failed_trainer_loses_only_its_own_jobs_rollouts(tmp_path: Path, model
         assert all(isinstance(h, Held) for h in held)
         if fails_before == "submit":
             worker.sessions[b].catch_up(held[0].lease.policy_version)   # B's adapter in hand
+        else:   # the worker caught up to B's head before asking (catch_up_to_head); as if B had published
+            replica = worker.sessions[b].replica   # between that and the lease, the lease's version is not held
+            replica.state, replica.version, replica.hash = None, -1, b""
         server.stop(None).wait(5)   # B's trainer goes away with its lease granted
         stop = Stop()
         done = run_round(worker.backend, [h for h in held if isinstance(h, Held)],
