@@ -44,12 +44,14 @@ class AuditClient:
 
     def statements(self, job_id: str) -> list[pb.Signed]:
         """Every signed statement of the job, ascending versions (`book_paging.all_statements`)."""
-        def page(after: int) -> Sequence[pb.Signed]:
-            req = pb.StatementRequest(job_id=job_id, after_version=after, max_statements=PAGE)
-            got: pb.StatementList = call_with_backoff(
-                partial(self.trainer.FetchStatements, req, timeout=self.timeout_s), AUDIT_BACKOFF)
-            return got.statements
-        return all_statements(page)
+        return all_statements(partial(self.page, job_id))
+
+    def page(self, job_id: str, after_version: int, max_statements: int = PAGE) -> Sequence[pb.Signed]:
+        """The job's signed statements above `after_version`, ascending, at most `max_statements`."""
+        req = pb.StatementRequest(job_id=job_id, after_version=after_version, max_statements=max_statements)
+        got: pb.StatementList = call_with_backoff(
+            partial(self.trainer.FetchStatements, req, timeout=self.timeout_s), AUDIT_BACKOFF)
+        return got.statements
 
     def batches(self, job_id: str, batch_ids: Iterable[str]) -> dict[str, pb.AdmittedBatch]:
         """The named batches (hex ids) the trainer still keeps whole, by the id it claims for each

@@ -166,6 +166,7 @@ def _audit_trainer(args: argparse.Namespace, plan: AuditPlan, auditor: Identity,
     from swarmrl.node.net.call_status import code_name
 
     client = AuditClient(args.trainer, args.tls_sha256)
+    chain: list[pb.Signed] = []   # the statements that verified as a chain (the replay's input)
     try:
         with ExitStack() as stack:
             recheck = None
@@ -174,9 +175,9 @@ def _audit_trainer(args: argparse.Namespace, plan: AuditPlan, auditor: Identity,
                 rec = record_over_grpc(client, args.job_id, args.trainer, args.tls_sha256, args.trainer_id)
                 recheck = stack.enter_context(ladder(rec, auditor, args.cache_dir))
             report = audit_job(client, args.job_id, plan, auditor, trainer_id=args.trainer_id, receipts=receipts,
-                               recheck=recheck)
+                               recheck=recheck, on_chain=chain.extend)
         if args.replay != 0:
-            _replay(args, client, report)
+            _replay(args, client, report, chain)
         return report
     except grpc.RpcError as exc:
         raise AuditUnreachable(f"cannot reach the trainer at {args.trainer} ({code_name(exc)}); is it running, "
@@ -185,21 +186,21 @@ def _audit_trainer(args: argparse.Namespace, plan: AuditPlan, auditor: Identity,
         client.close()
 
 
-def _replay(args: argparse.Namespace, client: AuditClient, report: pb.AuditReport) -> None:
-    """Replay the job's first `--replay` versions (`audit_replay`); its findings join the report.
+def _replay(args: argparse.Namespace, client: AuditClient, report: pb.AuditReport, chain: list[pb.Signed]) -> None:
+    """Replay the job's first `--replay` versions of `chain` (the statements the audit verified,
+    `audit_replay`); its findings join the report.
 
     Raises:
         UsageError: a job whose trainer did not step alone, or a base model not here.
     """
     from swarmrl.node.cli.audit_replay import check_replayable, model_for, replay
-    from swarmrl.protocol import audit
     from swarmrl.protocol.jobspec import JobSpec
+    from swarmrl.protocol.pb import swarm_pb2 as pb
 
     status = client.status(args.job_id)
     spec = JobSpec.from_json(status.spec_json)
     check_replayable(status, spec)
-    statements, _ = audit.check_chain(client.statements(args.job_id), job_id=args.job_id,
-                                      trainer_id=report.trainer_id)
+    statements = [pb.ContributionStatement.FromString(e.body) for e in chain]
     done = replay(client, args.job_id, report.trainer_id, statements, spec, model_for(spec, args.cache_dir),
                   args.replay)
     report.findings.extend(done.findings)

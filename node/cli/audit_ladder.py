@@ -41,7 +41,7 @@ def record_over_grpc(client: AuditClient, job_id: str, endpoint: str, tls_sha256
     if status.state == "unknown":
         raise UsageError(f"the trainer does not host job {job_id!r}")
     trainer_id = trainer_id or status.trainer_id
-    keys = [bytes(e.public_key) for e in client.statements(job_id) if signer_id(e) == trainer_id]
+    keys = [bytes(e.public_key) for e in client.page(job_id, 0, 1) if signer_id(e) == trainer_id]
     if not keys:
         raise UsageError(f"--recheck: trainer {trainer_id[:16]} has signed no statement of job {job_id!r} yet")
     spec = JobSpec.from_json(status.spec_json)

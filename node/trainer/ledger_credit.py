@@ -87,10 +87,6 @@ class CreditTables:
             "SELECT envelope FROM statements WHERE job_id = ? AND version > ? ORDER BY version LIMIT ?",
             (job_id, after_version, limit))]
 
-    def statement_count(self, job_id: str) -> int:
-        """How many signed statements of the job are stored."""
-        return int(self._query("SELECT COUNT(*) FROM statements WHERE job_id = ?", (job_id,))[0][0])
-
     def statement_by_sha256(self, job_id: str, sha256: bytes) -> pb.Signed | None:
         """The job's signed statement whose body has this sha256 (its content address), or None."""
         rows = self._query("SELECT envelope FROM statements WHERE job_id = ? AND sha256 = ?", (job_id, sha256))

@@ -91,8 +91,13 @@ class StatementBook:
         return stored
 
     def count(self) -> int:
-        """How many statements of the job this trainer has signed (its chain's length)."""
-        return self.ledger.statement_count(self.job_id)
+        """How many statements of the job this trainer has signed (its chain's length: a chain has
+        no gaps, so head version - first version + 1; 0 before the first)."""
+        head = self._head
+        if head is None:
+            return 0
+        st = pb.ContributionStatement.FromString(head.body)
+        return int(st.version - st.first_version + 1)
 
     def fetch(self, after_version: int, max_statements: int) -> list[pb.Signed]:
         """Statements above `after_version`, ascending: at most `max_statements` (0: the default
