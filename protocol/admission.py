@@ -42,6 +42,11 @@ NON_FINITE = "non_finite"
 LOGPROB_RANGE = "logprob_range"
 REWARD_RANGE = "reward_range"
 BAD_FINISH_REASON = "bad_finish_reason"
+# a completion names an adapter hash this trainer never published as its version (another
+# trainer's DiLoCo inner version, or garbage): never blamed, since an honest worker can hold a
+# cotrainer's version, but never admitted either: nobody could recompute its log-probs here
+ADAPTER_UNKNOWN = "adapter_unknown"
+ADAPTER_HASH_BYTES = 32
 FINISH_REASONS = frozenset({"stop", "length"})
 
 

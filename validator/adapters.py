@@ -36,6 +36,14 @@ class VersionUnavailable(LookupError):
         self.version = version
 
 
+class AdapterReplaced(LookupError):
+    """A completion names an adapter hash other than the one the trainer now serves for its
+    version: the trainer published it, admitted the batch, then replaced that version by a
+    cotrainer's (a split repaired). Nobody serves the named adapter any more, so its log-probs
+    can't be recomputed: undecided, never a failure (admission refuses a hash the trainer never
+    published as `adapter_unknown`)."""
+
+
 class AdapterSource(ABC):
     """The adapter states of one job, by version."""
 

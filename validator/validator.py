@@ -42,7 +42,7 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.updates import VersionNotKept
 from swarmrl.protocol.verdicts import ALL, FRESHNESS, LOGPROB, REGRADE
 from swarmrl.validator import checks as ck
-from swarmrl.validator.adapters import AdapterSource, VersionUnavailable
+from swarmrl.validator.adapters import AdapterReplaced, AdapterSource, VersionUnavailable
 from swarmrl.validator.episodes import check_replay, model_only, model_stats
 from swarmrl.validator.plausibility import DEFAULT_ALPHA, completion_plausibility, log_threshold
 from swarmrl.validator.reputation import Reputation
@@ -289,6 +289,9 @@ class Validator:
             except VersionNotKept as exc:  # published, then pruned: this validator lagged too far behind
                 w.results.append(ck.undecided(LOGPROB, str(exc)))
                 continue
+            except AdapterReplaced as exc:   # sampled with a version the trainer replaced (admitted before)
+                w.results.append(ck.undecided(LOGPROB, str(exc)))
+                continue
             except ValueError as exc:  # ad.AdapterError, or a state that doesn't fit the job's LoRA shape
                 w.results.append(ck.undecided(LOGPROB, f"adapter unavailable: {exc}"))
                 continue
@@ -308,13 +311,18 @@ class Validator:
     def _rescore_group(self, spec: JobSpec, job_id: str, adapters: AdapterSource, g: pb.Group) -> list[Rescored]:
         """Recompute every completion under its own claimed version (one prefill per version).
 
-        Raises VersionUnavailable for a version the source does not have, ValueError (AdapterError)
-        for an adapter that does not verify or fit the job's LoRA shape.
+        Raises VersionUnavailable for a version the source does not have, AdapterReplaced for a
+        completion that names another adapter hash than the source's for its version, ValueError
+        (AdapterError) for an adapter that does not verify or fit the job's LoRA shape.
         """
         out: list[Rescored | None] = [None] * len(g.completions)
         for version in sorted({c.policy_version for c in g.completions}):
             rows = [i for i, c in enumerate(g.completions) if c.policy_version == version]
-            self._load_adapter(spec, job_id, adapters, version)
+            digest = self._load_adapter(spec, job_id, adapters, version)
+            named = {bytes(g.completions[i].adapter_hash) for i in rows} - {b"", digest}
+            if named:   # the trainer checked at admission that it published this hash as `version`
+                raise AdapterReplaced(f"sampled with adapter {named.pop().hex()[:12]} of version {version}, which "
+                                      f"the trainer has since replaced by {digest.hex()[:12]} (a split repaired)")
             with self.backend.activated(job_id) as model:
                 scored = rescore(model, [list(g.prompt_token_ids)] * len(rows),
                                  [list(g.completions[i].token_ids) for i in rows],
@@ -323,13 +331,14 @@ class Validator:
                 out[i] = r
         return [r for r in out if r is not None]
 
-    def _load_adapter(self, spec: JobSpec, job_id: str, adapters: AdapterSource, version: int) -> None:
+    def _load_adapter(self, spec: JobSpec, job_id: str, adapters: AdapterSource, version: int) -> bytes:
         state, digest = adapters.state(version)
         if self._slot_hash.get(job_id) == digest:
-            return
+            return digest
         self.backend.add_slot(job_id, spec.lora)
         self.backend.set_adapter(job_id, state)
         self._slot_hash[job_id] = digest
+        return digest
 
     def forget_job(self, job_id: str) -> None:
         """Free the job's adapter slot (a finished job)."""

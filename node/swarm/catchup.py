@@ -173,10 +173,17 @@ class CatchUp:
         """The job whose adapter the replica holds."""
         return self.replica.job_id
 
-    def held(self) -> tuple[ad.State | None, int]:
-        """(state, version) of the replica, read consistently with a running catch-up."""
+    def held(self) -> tuple[ad.State | None, int, bytes]:
+        """(state, version, adapter hash) of the replica, read consistently with a running catch-up."""
         with self._lock:
-            return self.replica.state, self.replica.version
+            return self.replica.state, self.replica.version, self.replica.hash
+
+    def forget(self) -> None:
+        """Drop the replica's adapter (the next `run` starts from a snapshot): it is a version
+        the trainer now followed may not hold (DiLoCo: another trainer's inner version)."""
+        with self._lock:
+            self.replica.state, self.replica.version, self.replica.hash = None, -1, b""
+            self.replica.applied.clear()
 
     def run(self, want: int) -> None:
         """Bring the replica to at least `want`.

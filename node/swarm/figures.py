@@ -51,7 +51,8 @@ def swarm_figures(statuses: list[pb.JobStatus], workers: dict[str, dict[str, Any
     came from a trainer (the rest from peers), counted by the receivers, so in [0, 1].
     trainer_upload_vs_star: trainer_upload_bytes over what a star (every worker pulls every delta
     from a trainer) would send; it exceeds 1 when snapshots (late joiners), re-fetches or
-    adversaries cost the trainer more than the star's deltas.
+    adversaries cost the trainer more than the star's deltas. trainer_sync_bytes: tensor bytes
+    the trainers sent each other (per-step gradient rounds and DiLoCo outer rounds), all trainers.
     """
     head = statuses[0]
     deltas = [d for d in head.delta_bytes if d > 0]
@@ -80,9 +81,12 @@ def swarm_figures(statuses: list[pb.JobStatus], workers: dict[str, dict[str, Any
         "propagation_s_median": statistics.median(lat) if lat else None,
         "propagation_s_max": max(lat) if lat else None,
         "trainers_agree": trainers_agree,
+        "trainer_sync_bytes": sum(int(st.sync_bytes_sent) for st in statuses),
         "trainer_adapters": {st.trainer_id: {"version": int(st.policy_version), "hash": bytes(st.adapter_hash).hex(),
                                              "averaging_rounds": int(st.averaging_rounds),
                                              "averaging_solo": int(st.averaging_solo),
                                              "averaging_excluded": int(st.averaging_excluded),
-                                             "state_syncs": int(st.state_syncs)} for st in statuses},
+                                             "state_syncs": int(st.state_syncs),
+                                             "outer_rounds": int(st.outer_rounds),
+                                             "sync_bytes_sent": int(st.sync_bytes_sent)} for st in statuses},
     }

@@ -156,6 +156,8 @@ class JobSwarm:
         st.averaging_solo = self.counters["averaging_solo"]
         st.averaging_excluded = self.counters["averaging_excluded"]
         st.state_syncs = self.counters["state_syncs"]
+        st.sync_bytes_sent = self.counters["averaging_bytes_sent"] + self.counters["outer_bytes_sent"]
+        st.outer_rounds = self.counters["outer_rounds"] - self.counters["outer_solo"]
 
     def shutdown(self) -> None:
         """Stop the gradient averager and the outer rounds' averager, where started."""
@@ -204,7 +206,7 @@ class AveragingReduce:
         if outcome.group_size < self.expected:
             swarm.cotrainers.probe(swarm.job_id)   # someone missed the round: is it still there?
         metrics = {"averaged_with": float(outcome.group_size - 1) if outcome.agreed else 0.0,
-                   "excluded_peers": float(len(outcome.excluded))}
+                   "excluded_peers": float(len(outcome.excluded)), "averaging_bytes_sent": float(outcome.bytes_sent)}
         if outcome.agreed:
             swarm.counters["averaging_rounds"] += 1
             # nobody had a gradient: no optimizer step, at every member

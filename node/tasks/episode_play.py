@@ -147,10 +147,11 @@ def episode_rewards(env: EpisodeEnv, specs: Sequence[PromptSpec], traces: Sequen
     return env.rewards(rows, texts)
 
 
-def trace_completion(trace: Trace, policy_version: int) -> pb.Completion:
-    """The wire form of one episode (ungraded)."""
+def trace_completion(trace: Trace, policy_version: int, adapter_hash: bytes = b"") -> pb.Completion:
+    """The wire form of one episode (ungraded), sampled with adapter `policy_version` (`adapter_hash`)."""
     return pb.Completion(token_ids=trace.token_ids_T, logprobs=trace.logprobs_T, finish_reason=trace.finish_reason,
-                         policy_version=policy_version, token_mask=trace.mask_T, turns=trace.turns)
+                         policy_version=policy_version, adapter_hash=adapter_hash, token_mask=trace.mask_T,
+                         turns=trace.turns)
 
 
 def turn_texts(tokenizer: Any, c: pb.Completion) -> list[str]:

@@ -6,12 +6,15 @@ temporary name, fsynced and renamed, so a crash leaves either the old or the new
 are written every `snapshot_every` versions; other versions are rebuilt from the nearest older
 snapshot and the delta chain (and cached as snapshots). A trainer that adopts a cotrainer's versions
 (the same job, averaged gradients) stores them re-signed with its own key (`adopt`), after checking
-them. Each new version prunes what the retention rule no longer keeps (`retention.py`: a window
+them; a version it published itself and then replaced that way (a split repaired) stays known
+by its hash (`published`, `superseded.json`), so a batch sampled with it is told from a forged
+one. Each new version prunes what the retention rule no longer keeps (`retention.py`: a window
 of versions behind the head); a request for a version below it raises `VersionNotKept`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -28,6 +31,7 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.updates import VersionNotKept
 
 log = logging.getLogger(__name__)
+SUPERSEDED_KEPT = 256   # versions whose replaced hashes are remembered (the newest)
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -68,6 +72,7 @@ class AdapterStore:
         self._lock = threading.RLock()
         root.mkdir(parents=True, exist_ok=True)
         self._sizes = {v: (root / f"d{v}.bin").stat().st_size for v in self._versions("d")}
+        self._superseded = self._load_superseded()
 
     def _sign(self, *, from_v: int, to_v: int, from_hash: bytes, to_hash: bytes, payload: bytes, snapshot: bool,
               codec: str = ad.CODEC) -> pb.Signed:
@@ -145,10 +150,43 @@ class AdapterStore:
                             codec=header.codec or ad.CODEC)
         self.encoder.reset()
         with self._lock:
+            mine = self.header(to_v)
+            if mine is not None and bytes(mine.to_hash) != bytes(header.to_hash):
+                self._supersede(to_v, bytes(mine.to_hash))
+                self._drop(f"d{to_v}")   # our own delta or cached snapshot of the replaced version
+                self._drop(f"s{to_v}")   # must never be served (or rebuilt from) again
             self._put(f"{'s' if header.snapshot else 'd'}{to_v}", signed, payload)
             if not header.snapshot and to_v % self.snapshot_every == 0:
                 self.put_snapshot(to_v, state_after)
             self.prune(to_v)
+
+    def published(self, version: int, adapter_hash: bytes) -> bool:
+        """Whether this trainer published `adapter_hash` as `version`: its stored header's, or one
+        it published and then replaced by a cotrainer's (`adopt`: a split repaired). True when
+        the version is no longer kept here (pruned: nothing to tell it by)."""
+        header = self.header(version)
+        if header is None:
+            return True
+        with self._lock:
+            return bytes(header.to_hash) == adapter_hash or adapter_hash in self._superseded.get(version, set())
+
+    def _supersede(self, version: int, adapter_hash: bytes) -> None:
+        self._superseded.setdefault(version, set()).add(adapter_hash)
+        for v in sorted(self._superseded)[:-SUPERSEDED_KEPT]:
+            del self._superseded[v]
+        doc = {str(v): sorted(h.hex() for h in hs) for v, hs in self._superseded.items()}
+        write_atomic(self.root / "superseded.json", json.dumps(doc).encode())
+
+    def _load_superseded(self) -> dict[int, set[bytes]]:
+        path = self.root / "superseded.json"
+        if not path.exists():
+            return {}
+        try:
+            doc = json.loads(path.read_text())
+            return {int(v): {bytes.fromhex(h) for h in hs} for v, hs in doc.items()}
+        except (ValueError, TypeError, AttributeError) as exc:
+            log.warning("job %s: %s unreadable (%s); starting without it", self.job_id[:12], path, exc)
+            return {}
 
     def prune(self, head: int) -> None:
         """Delete what the retention rule does not keep at `head` (`retention.plan_prune`),

@@ -47,14 +47,18 @@ class Admission:
         when that is a test's clock (one clock drives both unless a test passes two).
     identity: the trainer's key, which signs the receipt of every accepted batch
         (`protocol.receipts`).
+    published: (version, adapter hash) -> whether this trainer published that hash as that
+        version (`AdapterStore.published`); a completion naming another hash is refused as
+        `adapter_unknown`, without blame. None: hashes are not checked.
     """
 
     def __init__(self, job_id: str, spec: JobSpec, ledger: Ledger, *, limits: adm.AdmissionLimits,
                  prompt_ids: Callable[[Iterable[int]], dict[int, list[int]]], version: Callable[[], int], done: Callable[[], bool],
                  identity: Identity, prompt_shard: tuple[int, int] = (0, 1), clock: Clock,
-                 monotonic: Clock | None = None) -> None:
+                 monotonic: Clock | None = None, published: Callable[[int, bytes], bool] | None = None) -> None:
         self.job_id, self.spec, self.ledger, self.limits, self.identity = job_id, spec, ledger, limits, identity
         self.prompt_ids, self.version, self.done, self.clock = prompt_ids, version, done, clock
+        self.published = published
         self.monotonic = monotonic or (time.monotonic if clock is time.time else clock)
         self.leases = LeaseBook(job_id, ttl_ms=int(spec.lease_ttl_s * 1000), shard=prompt_shard)
         self.leases.restore(ledger.leases(job_id, open_only=True), ledger.admitted_indices(job_id),
@@ -226,7 +230,7 @@ class Admission:
         version = self.version()
         for g in batch.groups:
             reason = adm.check_group(g, lease, current_version=version, expected_prompt_ids=expected,
-                                     already_admitted=taken, lim=self.limits)
+                                     already_admitted=taken, lim=self.limits) or self._adapters_known(g)
             verdicts.append(pb.GroupVerdict(prompt_index=g.prompt_index, admitted=not reason, reason=reason))
             if reason:
                 rejected[reason] += 1
@@ -245,6 +249,16 @@ class Admission:
         receipt = receipts.admission_receipt(batch_id, batch, [g.prompt_index for g in admitted],
                                              policy_version=version, at_ms=now)
         return pb.BatchReceipt(batch_id=batch_id, accepted=True, groups=verdicts), receipt
+
+    def _adapters_known(self, g: pb.Group) -> str:
+        """`adapter_unknown` when a completion names an adapter hash this trainer did not publish
+        as its version (content-addressed versions: `pb.Completion.adapter_hash`), else ""."""
+        if self.published is None:
+            return ""
+        named = {(int(c.policy_version), bytes(c.adapter_hash)) for c in g.completions if c.adapter_hash}
+        if any(len(h) != adm.ADAPTER_HASH_BYTES or not self.published(v, h) for v, h in named):
+            return adm.ADAPTER_UNKNOWN
+        return ""
 
     def _private_lease_holder(self, envelope: pb.Signed, named: str) -> str:
         """The peer a batch with a bad signature can be pinned on, or "": the body names an open

@@ -118,7 +118,8 @@ class JobRuntime:
         limits = job_limits(spec, self.env, vocab_size(self.learner.model))
         self.admission = Admission(job_id, spec, ledger, limits=limits, prompt_ids=self.prompt_ids_of,
                                    version=lambda: self.version, done=lambda: self.done, identity=identity,
-                                   prompt_shard=prompt_shard, clock=clock, monotonic=monotonic)
+                                   prompt_shard=prompt_shard, clock=clock, monotonic=monotonic,
+                                   published=self.store.published)
         self.intake = IntakeMeter()   # groups consumed per minute (on the admission's monotonic clock)
 
     def _resume(self) -> None:

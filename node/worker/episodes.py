@@ -21,9 +21,11 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 
 
 def episode_groups(backend: InferenceBackend, spec: JobSpec, env: EpisodeEnv, prompts: list[PromptSpec],
-                   lease: pb.Lease, *, adapter: str | None, policy_version: int) -> list[pb.Group]:
-    """The lease's groups of G episodes each (ungraded), sampled with slot `adapter` under the
-    lease's sampling parameters (per model turn) and the job's episode limits."""
+                   lease: pb.Lease, *, adapter: str | None, policy_version: int,
+                   adapter_hash: bytes = b"") -> list[pb.Group]:
+    """The lease's groups of G episodes each (ungraded), sampled with slot `adapter` (version
+    `policy_version`, whose hash is `adapter_hash`) under the lease's sampling parameters (per
+    model turn) and the job's episode limits."""
     limits = episode_limits(spec, env)
     assert limits is not None
     s = lease.sampling
@@ -34,5 +36,5 @@ def episode_groups(backend: InferenceBackend, spec: JobSpec, env: EpisodeEnv, pr
     traces = play_episodes(lambda ids, smp: backend.generate(ids, smp, adapter=adapter), tok, env, prompts,
                            prompt_ids, n=s.n, sampling=sampling, limits=limits)
     return [pb.Group(prompt_index=p.index, prompt_token_ids=ids,
-                     completions=[trace_completion(t, policy_version) for t in episodes])
+                     completions=[trace_completion(t, policy_version, adapter_hash) for t in episodes])
             for p, ids, episodes in zip(prompts, prompt_ids, traces, strict=True)]

@@ -361,7 +361,7 @@ class RedTeam:
     def _remember_adapter(self, session: JobSession) -> None:
         if self.mode != STALE_VERSION:
             return
-        state, version = session.sync.held()
+        state, version, _ = session.sync.held()
         if state is None:
             return
         history = self._history.setdefault(session.job_id, {})

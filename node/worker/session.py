@@ -92,16 +92,21 @@ class JobSession:
                             max_gap=max_gap, peer_wait_s=peer_wait_s, max_peer_attempts=max_peer_attempts,
                             wait_rule=wait_rule, snapshot_rule=snapshot_rule)
         self.loaded_version = -1   # the version the backend generates with
+        self.loaded_hash = b""     # its adapter hash (stamped on every completion: content-addressed)
         self.grader = grader_for(self.spec, grade_timeout_s)
         self.stats = SessionStats()
         self.last_refusal, self.last_retry_ms = "", 0   # the trainer's last lease refusal: reason, retry hint
 
     def signers(self) -> set[str]:
         """Trainer ids whose signed updates this session accepts: the followed trainer and the
-        cotrainers its record lists."""
+        cotrainers its record lists; with DiLoCo the followed trainer alone, since between outer
+        steps each trainer publishes its own inner versions under the same numbers, and a batch
+        sampled with a cotrainer's would be refused (`adapter_unknown`) by the trainer it goes to."""
         rec = self.record
-        return {peer_id_from_public_key(bytes(rec.trainer_public_key)),
-                *(peer_id_from_public_key(bytes(k)) for k in rec.cotrainer_keys if len(k) == 32)}
+        followed = peer_id_from_public_key(bytes(rec.trainer_public_key))
+        if self.spec.diloco:
+            return {followed}
+        return {followed, *(peer_id_from_public_key(bytes(k)) for k in rec.cotrainer_keys if len(k) == 32)}
 
     def use_record(self, record: pb.JobRecord, trainer: WorkerTrainer | None = None) -> None:
         """Follow `record` (a newer record of the same trainer, or another trainer of the job);
@@ -113,6 +118,9 @@ class JobSession:
             self.sync.trainer = trainer
             old.close()
             log.info("job %s: now following trainer %s at %s", self.job_id[:12], record.trainer_id[:12], record.endpoint)
+            if self.spec.diloco and self.replica.version % self.spec.inner_steps:   # the old trainer's own
+                self.sync.forget()                                                   # inner version
+                self.loaded_version, self.loaded_hash = -1, b""
         self.record = record
 
     @property
@@ -178,12 +186,12 @@ class JobSession:
         self._sync(version)
         if self.replica.version < version:
             raise AdapterBehind(f"adapter sources served up to {self.replica.version}, lease wants {version}")
-        state, held = self.sync.held()
-        if held != self.loaded_version:
+        state, held, digest = self.sync.held()
+        if (held, digest) != (self.loaded_version, self.loaded_hash):
             assert state is not None
             with_recovery(self.backend, lambda: self.backend.set_adapter(self.job_id, state),
                           what=f"job {self.job_id[:12]} adapter load", on_fault=self.stats.engine_fault)
-            self.loaded_version = held
+            self.loaded_version, self.loaded_hash = held, digest
 
     def catch_up_to_head(self) -> None:
         """Ask at the head (issue 24): bring the replica to the version the job's record names
@@ -214,7 +222,7 @@ class JobSession:
     def generate(self, prompts: list[PromptSpec], lease: pb.Lease) -> list[pb.Group]:
         """Sample the lease's G completions per prompt with the job's adapter, under the lease's
         sampling parameters and a fresh random seed; ungraded groups in `prompts` order, each
-        completion stamped with the adapter version loaded (`loaded_version`).
+        completion stamped with the adapter version loaded (`loaded_version`) and its hash.
 
         A group with a non-finite sampling log-prob (an engine fault: fp16 overflow, a broken
         adapter) is dropped here, never signed, and counted (`groups_dropped["nonfinite_logprobs"]`).
@@ -226,7 +234,8 @@ class JobSession:
             t0 = time.monotonic()
             groups = with_recovery(self.backend, lambda: episode_groups(self.backend, self.spec, env, prompts, lease,
                                                                         adapter=self.job_id,
-                                                                        policy_version=self.loaded_version),
+                                                                        policy_version=self.loaded_version,
+                                                                        adapter_hash=self.loaded_hash),
                                    what=f"job {self.job_id[:12]} episodes", on_fault=self.stats.engine_fault)
             self.stats.generated(sum(len(g.completions) for g in groups),
                                  sum(sum(c.token_mask) for g in groups for c in g.completions), time.monotonic() - t0)
@@ -272,7 +281,7 @@ class JobSession:
 
     def _completion(self, c: SampledCompletion) -> pb.Completion:
         return pb.Completion(token_ids=c.token_ids, logprobs=c.logprobs, finish_reason=c.finish_reason,
-                             policy_version=self.loaded_version)
+                             policy_version=self.loaded_version, adapter_hash=self.loaded_hash)
 
     def grade(self, prompts: list[PromptSpec], groups: list[pb.Group]) -> None:
         """Reward every completion (in the grading subprocess pool); failures are recorded."""

@@ -399,6 +399,7 @@ class Completion(_message.Message):
     LOGPROBS_FIELD_NUMBER: _builtins.int
     FINISH_REASON_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
+    ADAPTER_HASH_FIELD_NUMBER: _builtins.int
     REWARDS_FIELD_NUMBER: _builtins.int
     REWARD_FIELD_NUMBER: _builtins.int
     GRADE_ERROR_FIELD_NUMBER: _builtins.int
@@ -408,6 +409,8 @@ class Completion(_message.Message):
     """"stop" (EOS or stop string) or "length" """
     policy_version: _builtins.int
     """adapter version that generated it"""
+    adapter_hash: _builtins.bytes
+    """that version's adapter hash (protocol.adapter.adapter_hash), as the worker"""
     reward: _builtins.float
     """weighted total; NaN when grading failed"""
     grade_error: _builtins.str
@@ -424,7 +427,10 @@ class Completion(_message.Message):
 
     @_builtins.property
     def rewards(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
-        """one per reward function of the environment; NaN = failed"""
+        """verified it: names the exact adapter where trainers' versions differ
+        (DiLoCo's inner versions, a split repaired by adoption); empty = unnamed
+        one per reward function of the environment; NaN = failed
+        """
 
     @_builtins.property
     def token_mask(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
@@ -440,6 +446,7 @@ class Completion(_message.Message):
         logprobs: _abc.Iterable[_builtins.float] | None = ...,
         finish_reason: _builtins.str = ...,
         policy_version: _builtins.int = ...,
+        adapter_hash: _builtins.bytes = ...,
         rewards: _abc.Iterable[_builtins.float] | None = ...,
         reward: _builtins.float = ...,
         grade_error: _builtins.str = ...,
@@ -448,7 +455,7 @@ class Completion(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finish_reason", b"finish_reason", "grade_error", b"grade_error", "logprobs", b"logprobs", "policy_version", b"policy_version", "reward", b"reward", "rewards", b"rewards", "token_ids", b"token_ids", "token_mask", b"token_mask", "turns", b"turns"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adapter_hash", b"adapter_hash", "finish_reason", b"finish_reason", "grade_error", b"grade_error", "logprobs", b"logprobs", "policy_version", b"policy_version", "reward", b"reward", "rewards", b"rewards", "token_ids", b"token_ids", "token_mask", b"token_mask", "turns", b"turns"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1305,6 +1312,8 @@ class JobStatus(_message.Message):
     GROUPS_TRAINED_FIELD_NUMBER: _builtins.int
     GROUPS_NO_SIGNAL_FIELD_NUMBER: _builtins.int
     REFUSED_FIELD_NUMBER: _builtins.int
+    SYNC_BYTES_SENT_FIELD_NUMBER: _builtins.int
+    OUTER_ROUNDS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     state: _builtins.str
     """"running" | "done" | "unknown" """
@@ -1342,6 +1351,10 @@ class JobStatus(_message.Message):
     """admitted groups trained into versions, all steps"""
     groups_no_signal: _builtins.int
     """admitted groups consumed by batches with no learning signal (all-equal rewards)"""
+    sync_bytes_sent: _builtins.int
+    """tensor bytes this trainer sent its cotrainers (gradient and outer rounds), this run"""
+    outer_rounds: _builtins.int
+    """DiLoCo outer steps taken on a pseudo-gradient averaged with cotrainers"""
     @_builtins.property
     def groups_rejected(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """by reason"""
@@ -1409,10 +1422,12 @@ class JobStatus(_message.Message):
         groups_trained: _builtins.int = ...,
         groups_no_signal: _builtins.int = ...,
         refused: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        sync_bytes_sent: _builtins.int = ...,
+        outer_rounds: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers", "serving_workers", b"serving_workers"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers", "adapter_bytes", b"adapter_bytes", "adapter_hash", b"adapter_hash", "averaging_excluded", b"averaging_excluded", "averaging_rounds", b"averaging_rounds", "averaging_solo", b"averaging_solo", "cotrainers", b"cotrainers", "delta_bytes", b"delta_bytes", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_dropped_banned", b"groups_dropped_banned", "groups_no_signal", b"groups_no_signal", "groups_on_probation", b"groups_on_probation", "groups_rejected", b"groups_rejected", "groups_trained", b"groups_trained", "history", b"history", "holder_versions", b"holder_versions", "job_id", b"job_id", "peers", b"peers", "policy_version", b"policy_version", "recent_verdicts", b"recent_verdicts", "refused", b"refused", "serving_workers", b"serving_workers", "spec_json", b"spec_json", "state", b"state", "state_syncs", b"state_syncs", "step", b"step", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "unserved_reason", b"unserved_reason", "upload_bytes", b"upload_bytes", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers", "adapter_bytes", b"adapter_bytes", "adapter_hash", b"adapter_hash", "averaging_excluded", b"averaging_excluded", "averaging_rounds", b"averaging_rounds", "averaging_solo", b"averaging_solo", "cotrainers", b"cotrainers", "delta_bytes", b"delta_bytes", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_dropped_banned", b"groups_dropped_banned", "groups_no_signal", b"groups_no_signal", "groups_on_probation", b"groups_on_probation", "groups_rejected", b"groups_rejected", "groups_trained", b"groups_trained", "history", b"history", "holder_versions", b"holder_versions", "job_id", b"job_id", "outer_rounds", b"outer_rounds", "peers", b"peers", "policy_version", b"policy_version", "recent_verdicts", b"recent_verdicts", "refused", b"refused", "serving_workers", b"serving_workers", "spec_json", b"spec_json", "state", b"state", "state_syncs", b"state_syncs", "step", b"step", "sync_bytes_sent", b"sync_bytes_sent", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "unserved_reason", b"unserved_reason", "upload_bytes", b"upload_bytes", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__serving_workers: _TypeAlias = _typing.Literal["serving_workers"]  # noqa: Y015
     _WhichOneofArgType__serving_workers: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers"]  # noqa: Y015

@@ -358,3 +358,25 @@ def test_a_stop_ends_the_round_after_the_batch_being_judged_and_loses_nothing(wo
         assert service.seen.cursor(JOB, trainer_id) == 1
         assert service.poll(found, stop) == 0                 # stopped: nothing more is judged
         assert service.poll(found) == 1 and service.seen.cursor(JOB, trainer_id) == 2   # the rest, next time
+
+
+# ---- content-addressed versions ------------------------------------------------------------------
+
+def test_a_group_naming_its_adapter_hash_passes_and_one_naming_a_replaced_adapter_is_undecided(
+        world: World, validator: Validator) -> None:
+    """Completions name the adapter they were sampled with (`adapter_hash`). Named right, the
+    ladder runs as before; naming another hash for the version (the trainer published it, admitted
+    the batch, then replaced the version by a cotrainer's) gives no verdict at all, not a failure:
+    nobody serves that adapter any more (an honest worker banned for it was the bug)."""
+    _, v1_hash = world.adapters.state(1)
+    named = copy(world.honest[0])
+    for c in named.completions:
+        c.adapter_hash = v1_hash
+    verdicts = judge(validator, world, admitted(ALICE, [named], seq=30))
+    assert [(v.passed, v.check) for v in verdicts] == [(True, ALL)]
+    replaced = copy(world.honest[1])
+    for c in replaced.completions:
+        c.adapter_hash = bytes(32)   # any other hash: what the trainer held before the split
+    assert judge(validator, world, admitted(ALICE, [replaced], seq=31)) == []
+    rec = validator.reputation.peer(ALICE.peer_id)
+    assert rec is not None and (rec.checked, rec.passed) == (1, 1)
