@@ -34,6 +34,7 @@ def _task_kind(value: Any) -> str:
 
 
 SyncMode = Literal["every_step", "diloco"]
+OuterCodec = Literal["float32", "int8"]
 BatchGroups = Annotated[int, Field(ge=1, le=4096)]
 Environment = Annotated[Annotated[str, Tag("installed")] | Annotated[DatasetTask, Tag("dataset")]
                         | Annotated[ReasoningGymTask, Tag("reasoning_gym")], Discriminator(_task_kind)]
@@ -106,6 +107,8 @@ class JobSpec(_Frozen):
     outer_momentum: float = Field(0.9, ge=0.0, lt=1.0, description="the outer Nesterov SGD's momentum, in [0, 1)")
     outer_timeout_s: float = Field(60.0, gt=0.0, le=3600.0,
                                    description="how long an outer round waits for the job's other trainers")
+    outer_codec: OuterCodec = Field("int8", description="how pseudo-gradients travel in an outer round: int8 "
+                                                        "(hivemind's uniform 8-bit, with error feedback) or float32")
 
     @model_validator(mode="after")
     def _check(self) -> JobSpec:
@@ -180,11 +183,11 @@ class JobSpec(_Frozen):
 
     def sync_settings(self) -> dict[str, Any]:
         """The settings cotrainers of one job must share: `sync`, and with DiLoCo its outer
-        optimizer (`inner_steps`, `outer_learning_rate`, `outer_momentum`)."""
+        optimizer (`inner_steps`, `outer_learning_rate`, `outer_momentum`) and `outer_codec`."""
         if not self.diloco:
             return {"sync": self.sync}
         return {"sync": self.sync, "inner_steps": self.inner_steps, "outer_learning_rate": self.outer_learning_rate,
-                "outer_momentum": self.outer_momentum}
+                "outer_momentum": self.outer_momentum, "outer_codec": self.outer_codec}
 
     def canonical_json(self) -> str:
         """Sorted-key, compact JSON: the exact text that is signed and hashed. The sync fields
@@ -201,7 +204,7 @@ class JobSpec(_Frozen):
         return cls.model_validate_json(text)
 
 
-_DILOCO_FIELDS = ("sync", "inner_steps", "outer_learning_rate", "outer_momentum", "outer_timeout_s")
+_DILOCO_FIELDS = ("sync", "inner_steps", "outer_learning_rate", "outer_momentum", "outer_timeout_s", "outer_codec")
 
 
 def job_id_from_body(body: bytes) -> str:

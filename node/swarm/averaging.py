@@ -17,7 +17,12 @@ Two changes to hivemind's butterfly all-reduce (`hivemind.averaging.allreduce`, 
    zeros with weight 0 and the sender is counted as excluded. A part whose senders all have
    weight 0 averages to zeros (not 0/0). A member that receives a non-finite averaged part
    treats that reducer as failed.
-3. Did anyone contribute? Every member also averages a one-element tensor holding 1: the result
+3. Compressed rounds stay exact. With a lossy `compression` (DiLoCo's int8 outer rounds,
+   `OuterInt8`) a reducer quantises each averaged part once and sends every member, itself
+   included, those same bytes, so the members still hold bit-identical results. A member's
+   own quantisation error on the parts it sent (`send_error`, float32, shaped like the tensors)
+   comes back with the round, for error feedback (`node.swarm.outer_round`).
+4. Did anyone contribute? Every member also averages a one-element tensor holding 1: the result
    is 1 when some member had weight > 0 and 0 when none had, the same at every member.
 
 A round *agrees* when the member received every part from its reducer. Only then may a trainer
@@ -29,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import math
 import signal
@@ -45,9 +49,9 @@ from hivemind.averaging.group_info import GroupInfo
 from hivemind.averaging.load_balancing import load_balance_peers
 from hivemind.averaging.matchmaking import MatchmakingException
 from hivemind.averaging.partition import BannedException, TensorPartContainer, TensorPartReducer
-from hivemind.compression import deserialize_torch_tensor, serialize_torch_tensor
+from hivemind.compression import CompressionBase, CompressionInfo, NoCompression, deserialize_torch_tensor
 from hivemind.p2p import PeerID
-from hivemind.proto import averaging_pb2
+from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import MPFuture
 from hivemind.utils.asyncio import (
     aiter_with_timeout,
@@ -102,10 +106,45 @@ class ExactAllReduceRunner(AllReduceRunner):
         self.excluded: set[PeerID] = set()
         self.failed_reducers: set[PeerID] = set()
         self.bytes_sent = 0   # serialized AveragingData this member sent: its parts out, averaged parts back
+        self.local_tensors = list(tensors)
+        self.lossy = not isinstance(self.tensor_part_container.compression, NoCompression)
+        self.send_error = [torch.zeros_like(t) for t in tensors] if self.lossy else None
+        self._replies: dict[int, asyncio.Future[runtime_pb2.Tensor]] = {}
+
+    def _record_send_error(self, part: torch.Tensor, sent: runtime_pb2.Tensor) -> None:
+        """Add `part` - what the reducer will decode from `sent` to `send_error`, where `part` (a
+        view of one of the local tensors, as hivemind's partition makes them) lies."""
+        if self.send_error is None:
+            return
+        err = part.detach().float() - deserialize_torch_tensor(sent).float().view(-1)
+        ptr = part.data_ptr()
+        for t, e in zip(self.local_tensors, self.send_error):
+            start = t.data_ptr()
+            if start <= ptr < start + t.numel() * t.element_size():
+                offset = (ptr - start) // t.element_size()
+                e.view(-1)[offset: offset + part.numel()] = err
+                return
+
+    async def _reply_for(self, part_index: int, averaged: torch.Tensor) -> runtime_pb2.Tensor:
+        """The averaged part as every member receives it: serialized once (the first member to
+        ask computes it) with this runner's compression, so all members decode the same bytes."""
+        future = self._replies.get(part_index)
+        if future is None:
+            future = self._replies[part_index] = asyncio.get_event_loop().create_future()
+            compression = self.tensor_part_container.compression
+            data = await asyncio.get_event_loop().run_in_executor(
+                None, lambda: compression.compress(averaged, CompressionInfo.from_tensor(averaged)))
+            future.set_result(data)
+        return await future
 
     async def _generate_input_for_peer(self, peer_index: int) -> AsyncIterator[averaging_pb2.AveragingData]:
+        raw = [part for part, _ in self.tensor_part_container._input_parts_by_peer[peer_index]]
+        sent = 0
         async for msg in super()._generate_input_for_peer(peer_index):
             self.bytes_sent += msg.ByteSize()
+            if sent < len(raw):
+                self._record_send_error(raw[sent], msg.tensor_part)
+            sent += 1
             yield msg
 
     async def _accumulate_checked(self, sender: PeerID, sender_index: int, part_index: int,
@@ -125,7 +164,9 @@ class ExactAllReduceRunner(AllReduceRunner):
             sender_index = self.sender_peer_ids.index(peer_id)
             for part_index, part in enumerate(self.parts_for_local_averaging):
                 averaged = await self._accumulate_checked(peer_id, sender_index, part_index, part, self.weight)
-                self.tensor_part_container.register_processed_part(peer_index, part_index, averaged)
+                reply = await self._reply_for(part_index, averaged)   # the bytes every member decodes
+                self.tensor_part_container.register_processed_part(peer_index, part_index,
+                                                                   deserialize_torch_tensor(reply))
             return
         try:
             done_sending = asyncio.Event()
@@ -162,9 +203,8 @@ class ExactAllReduceRunner(AllReduceRunner):
         sender = self.sender_peer_ids[sender_index]
         part_index = 0
         try:
-            loop = asyncio.get_event_loop()
-            async for part, weight, compression in amap_in_executor(
-                lambda msg: (deserialize_torch_tensor(msg.tensor_part), msg.weight, msg.tensor_part.compression),
+            async for part, weight in amap_in_executor(
+                lambda msg: (deserialize_torch_tensor(msg.tensor_part), msg.weight),
                 stream, max_prefetch=self.tensor_part_container.prefetch,
             ):
                 try:
@@ -172,8 +212,7 @@ class ExactAllReduceRunner(AllReduceRunner):
                     part_index += 1
                 except BannedException:
                     break
-                data = await loop.run_in_executor(
-                    None, functools.partial(serialize_torch_tensor, averaged, compression))
+                data = await self._reply_for(part_index - 1, averaged)
                 reply = averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=data)
                 self.bytes_sent += reply.ByteSize()
                 yield reply
@@ -201,7 +240,8 @@ class ExactAverager(hivemind.averaging.DecentralizedAverager):
                 runner = await self._run_exact(local_tensors, group_info, peer_fractions=fractions, **kwargs)
             return {"gathered": gathered, "excluded": sorted(p.to_base58() for p in runner.excluded),
                     "failed_reducers": sorted(p.to_base58() for p in runner.failed_reducers),
-                    "group_size": len(group_info.peer_ids), "bytes_sent": runner.bytes_sent}
+                    "group_size": len(group_info.peer_ids), "bytes_sent": runner.bytes_sent,
+                    "send_error": None if runner.send_error is None else [e.numpy() for e in runner.send_error]}
         except BaseException as exc:
             if isinstance(exc, Exception):
                 log.debug("averaging round failed: %r", exc)
@@ -250,6 +290,7 @@ class RoundOutcome:
     gathered: dict[str, dict[str, Any]] = field(default_factory=dict)
     reason: str = ""
     bytes_sent: int = 0                # tensor bytes this member put on the wire (protobuf-serialized parts)
+    send_error: list[torch.Tensor] | None = None   # lossy rounds: what its sent parts lost to quantisation
 
 
 @dataclass
@@ -277,8 +318,11 @@ class GradientAveraging:
 
     def __init__(self, dht: hivemind.DHT, job_id: str, template: Sequence[torch.Tensor], *,
                  matchmaking_s: float = 2.0, chunk_timeout_s: float = 30.0, allreduce_timeout_s: float = 60.0,
-                 kind: str = "avg", start_timeout_s: float = START_TIMEOUT_S) -> None:
-        """Raises:
+                 kind: str = "avg", start_timeout_s: float = START_TIMEOUT_S,
+                 compression: CompressionBase | None = None) -> None:
+        """compression: how tensor parts travel (default: float32, lossless).
+
+        Raises:
             AveragerStartFailed: the averager's process was not ready within `start_timeout_s`
                 (it is terminated; the caller may try again later)."""
         self.dht = dht
@@ -292,6 +336,7 @@ class GradientAveraging:
                 tensors, dht, start=False, prefix=self.prefix, min_group_size=2, initial_group_bits="0" * VERSION_BITS,
                 min_matchmaking_time=matchmaking_s, request_timeout=min(1.0, matchmaking_s / 2),
                 next_chunk_timeout=chunk_timeout_s, allreduce_timeout=allreduce_timeout_s, declare_state_period=10.0,
+                compression=compression or NoCompression(),
             )
             try:   # hivemind's start=True waits for the process with no limit: it hung a restarted trainer
                 self.averager.run_in_background(await_ready=True, timeout=start_timeout_s)
@@ -362,8 +407,10 @@ class GradientAveraging:
         if not all(bool(torch.isfinite(t).all()) for t in averaged):
             return RoundOutcome(False, group_size=result["group_size"], excluded=result["excluded"],
                                 gathered=result["gathered"], reason="non_finite_result", bytes_sent=sent)
+        error = result.get("send_error")
         return RoundOutcome(True, averaged[:-1], bool(averaged[-1].item() > 0), result["group_size"],
-                            result["excluded"], result["gathered"], bytes_sent=sent)
+                            result["excluded"], result["gathered"], bytes_sent=sent,
+                            send_error=None if error is None else [torch.from_numpy(e) for e in error[:-1]])
 
     def set_state(self, provider: Callable[[], tuple[Any, Sequence[torch.Tensor]]], priority: float) -> None:
         """Share this trainer's state (`provider()` -> (metadata, tensors)) with peers that load it;

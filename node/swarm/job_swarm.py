@@ -84,13 +84,15 @@ class JobSwarm:
                      [c.trainer_id[:12] for c in self.cotrainers.live()])
         self.averaging.set_state(provider, priority)
 
-    def outer_rounds(self, params: Sequence[torch.Tensor], timeout_s: float) -> OuterRounds | None:
-        """DiLoCo's outer rounds of this job (started the first time; `node.swarm.outer_round`);
+    def outer_rounds(self, params: Sequence[torch.Tensor], timeout_s: float, codec: str) -> OuterRounds | None:
+        """DiLoCo's outer rounds of this job (started the first time; `node.swarm.outer_round`;
+        `codec`: the job's `outer_codec`);
         None when their averager failed to start (counted; tried again next time: this outer
         step goes alone)."""
         if self.outer is None:
             try:
-                self.outer = OuterRounds(self.dht, self.job_id, params, timeout_s=timeout_s, my_id=self.my_id)
+                self.outer = OuterRounds(self.dht, self.job_id, params, timeout_s=timeout_s, my_id=self.my_id,
+                                         codec=codec)
             except AveragerStartFailed as exc:
                 self.counters["averager_start_failed"] += 1
                 log.warning("job %s: outer rounds: %s; this outer step goes alone", self.job_id[:12], exc)

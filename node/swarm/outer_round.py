@@ -11,6 +11,14 @@ the round counts: only when every member started from this trainer's outer state
 averaged pseudo-gradient is then bit-identical at every member, and so is the outer step each
 takes from it (`protocol.diloco.nesterov_step`).
 
+With `codec = "int8"` (the job's `outer_codec`, the default) the parts travel as hivemind's
+uniform 8-bit quantisation (`OuterInt8`: a 256-entry codebook per part, about a quarter of the
+float32 bytes), still bit-identical at every member (`node.swarm.averaging`, point 3). What a
+trainer's own parts lost to it comes back as `OuterOutcome.send_error`, which the trainer adds
+to its next pseudo-gradient (error feedback, as in 1-bit SGD, Seide et al. 2014, and EF-SGD,
+Karimireddy et al. 2019, arXiv:1901.09847), so the loss does not accumulate over rounds. The
+reducer's quantisation of the averaged part is the same at every member and is not fed back.
+
 A round waits `timeout_s` for the expected members (the trainer and its live cotrainers) and
 starts as soon as all of them joined; a member that never comes is left out when the time is
 up, so a dead or slow trainer stalls the others by at most `timeout_s`.
@@ -24,6 +32,8 @@ from dataclasses import dataclass
 
 import hivemind
 import torch
+from hivemind.compression import CompressionBase, CompressionInfo, NoCompression, Uniform8BitQuantization
+from hivemind.proto import runtime_pb2
 
 from swarmrl.node.swarm.averaging import GradientAveraging
 
@@ -39,6 +49,8 @@ class OuterOutcome:
     group_size: members of the round (1: alone).
     bytes_sent: tensor bytes this trainer put on the wire in the round.
     reason: why it did not agree ("" when it did).
+    send_error_P: int8 rounds that agreed: what this trainer's sent parts lost to quantisation
+        (float32, shaped like `delta_P`), for the next round's error feedback; else None.
     """
 
     agreed: bool
@@ -46,16 +58,54 @@ class OuterOutcome:
     group_size: int
     bytes_sent: int
     reason: str = ""
+    send_error_P: list[torch.Tensor] | None = None
+
+
+MIN_QUANTISED = 256   # parts with fewer elements travel as float32 (a 1-element std is undefined)
+
+
+class OuterInt8(CompressionBase):  # type: ignore[misc]  # hivemind ships no type hints
+    """hivemind's `Uniform8BitQuantization` for the parts it suits: a part that is small, constant
+    or not finite travels as float32 instead (so a NaN still reaches the reducer, which leaves
+    the sender out, and a constant part is not divided by a zero spread)."""
+
+    compression_type = runtime_pb2.UNIFORM_8BIT
+
+    def __init__(self) -> None:
+        self.int8, self.plain = Uniform8BitQuantization(), NoCompression()
+
+    def compress(self, tensor: torch.Tensor, info: CompressionInfo, allow_inplace: bool = False) -> runtime_pb2.Tensor:
+        """Serialize one tensor part (quantised where it suits; see the class docstring)."""
+        x = tensor.detach()
+        if x.numel() < MIN_QUANTISED or not bool(torch.isfinite(x).all()) or float(x.float().std()) == 0.0:
+            return self.plain.compress(tensor, info, allow_inplace)
+        return self.int8.compress(tensor, info, allow_inplace=False)
+
+    def extract(self, serialized_tensor: runtime_pb2.Tensor) -> torch.Tensor:
+        """Decode a part that `compress` made (either form)."""
+        codec = self.int8 if serialized_tensor.compression == runtime_pb2.UNIFORM_8BIT else self.plain
+        part: torch.Tensor = codec.extract(serialized_tensor)
+        return part
+
+    def estimate_compression_ratio(self, info: CompressionInfo) -> float:
+        """About a quarter of float32 (8-bit indices)."""
+        return 0.25
 
 
 class OuterRounds:
     """One DiLoCo job's outer rounds in one trainer (see the module docstring)."""
 
     def __init__(self, dht: hivemind.DHT, job_id: str, template: Sequence[torch.Tensor], *, timeout_s: float,
-                 my_id: str) -> None:
+                 my_id: str, codec: str = "float32") -> None:
+        """codec: "int8" (`OuterInt8`) or "float32".
+
+        Raises:
+            AveragerStartFailed: the averager's process did not start in time.
+        """
         self.my_id = my_id
         self.averaging = GradientAveraging(dht, job_id, template, matchmaking_s=timeout_s,
-                                           chunk_timeout_s=timeout_s / 2, allreduce_timeout_s=timeout_s, kind="outer")
+                                           chunk_timeout_s=timeout_s / 2, allreduce_timeout_s=timeout_s, kind="outer",
+                                           compression=OuterInt8() if codec == "int8" else None)
 
     def run(self, version: int, start_hash: bytes, delta_P: Sequence[torch.Tensor], weight: float,
             expected: int) -> OuterOutcome:
@@ -71,7 +121,8 @@ class OuterRounds:
         if starts != {start_hash.hex()}:
             log.warning("outer round %d: members started from %d different outer states", version, len(starts))
             return OuterOutcome(False, None, got.group_size, got.bytes_sent, "different_start")
-        return OuterOutcome(True, got.averaged if got.contributed else None, got.group_size, got.bytes_sent)
+        return OuterOutcome(True, got.averaged if got.contributed else None, got.group_size, got.bytes_sent,
+                            send_error_P=got.send_error)
 
     def shutdown(self) -> None:
         """Stop the averager's process (best effort)."""

@@ -318,7 +318,8 @@ class JobRuntime:
         trainer of the round. Returns the outer figures for the metrics row."""
         assert self.outer is not None
         swarm = self.cotraining.swarm if self.cotraining is not None and self.cotraining.swarm.active else None
-        rounds = swarm.outer_rounds(self.learner.params, self.spec.outer_timeout_s) if swarm is not None else None
+        rounds = swarm.outer_rounds(self.learner.params, self.spec.outer_timeout_s, self.spec.outer_codec) \
+            if swarm is not None else None
         expected = 1 + len(swarm.cotrainers.live()) if swarm is not None and rounds is not None else 1
         new_P, metrics = self.outer.step([p.detach() for p in self.learner.params], self.version + 1, rounds, expected)
         if swarm is not None:

@@ -7,7 +7,9 @@ steps, publishing each as its own signed inner version. The H-th step ends in an
 the pseudo-gradient (outer parameters minus the learner's) is averaged with the job's other
 trainers (`node.swarm.outer_round`), the outer Nesterov step (`protocol.diloco`) is taken from
 the outer parameters, and the learner continues from its result, which every trainer of the
-round holds bit for bit. The inner AdamW state stays each trainer's own, as in DiLoCo.
+round holds bit for bit. The inner AdamW state stays each trainer's own, as in DiLoCo. With an
+int8 outer round, what this trainer's pseudo-gradient lost to quantisation (`error_P`) is added
+to its next one (error feedback, `node.swarm.outer_round`); a round that does not agree resets it.
 
 A round that does not agree (no cotrainer came within the timeout, a member started from
 another outer state) steps on this trainer's own pseudo-gradient; the cotrainers' version/hash
@@ -45,6 +47,7 @@ class OuterOptimizer:
         self.lr, self.momentum, self.inner_steps = spec.outer_learning_rate, spec.outer_momentum, spec.inner_steps
         self.outer_P = [p.detach().float().clone() for p in params]
         self.momentum_P = diloco.zero_momentum(params)
+        self.error_P: list[torch.Tensor] | None = None   # error feedback of int8 rounds (own, never averaged)
 
     def start_hash(self) -> bytes:
         """The hash of the outer state a round starts from (outer parameters, then momentum)."""
@@ -57,8 +60,10 @@ class OuterOptimizer:
             self.momentum_P = [m.detach().float().clone() for m in momentum_P]
 
     def state_dict(self) -> dict[str, Any]:
-        """The outer state for a checkpoint: outer parameters and momentum buffers."""
-        return {"outer": [t.clone() for t in self.outer_P], "momentum": [t.clone() for t in self.momentum_P]}
+        """The outer state for a checkpoint: outer parameters, momentum buffers and the carried
+        quantisation error (None when there is none)."""
+        return {"outer": [t.clone() for t in self.outer_P], "momentum": [t.clone() for t in self.momentum_P],
+                "error": None if self.error_P is None else [t.clone() for t in self.error_P]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a `state_dict()`.
@@ -72,6 +77,9 @@ class OuterOptimizer:
                 raise ValueError(f"checkpointed {what} state does not match this job's LoRA parameters")
         self.outer_P = [t.float().clone() for t in outer]
         self.momentum_P = [t.float().clone() for t in momentum]
+        error = state.get("error")
+        ok = error is not None and [tuple(t.shape) for t in error] == [tuple(t.shape) for t in self.outer_P]
+        self.error_P = [t.float().clone() for t in error] if ok and error is not None else None
 
     def step(self, inner_P: list[torch.Tensor], version: int, averager: OuterAverager | None,
              expected: int) -> tuple[list[torch.Tensor], dict[str, float]]:
@@ -80,6 +88,9 @@ class OuterOptimizer:
         parameters. Returns (the new parameters, the metrics row's outer figures)."""
         t0 = time.monotonic()
         delta_P = diloco.pseudo_gradient(self.outer_P, inner_P)
+        if self.error_P is not None and averager is not None:   # error feedback: what the last round lost
+            delta_P = [d + e for d, e in zip(delta_P, self.error_P)]
+        self.error_P = None
         finite = all(bool(torch.isfinite(d).all()) for d in delta_P)
         mine = delta_P if finite else [torch.zeros_like(d) for d in delta_P]
         metrics = {"outer_step": 1.0, "outer_group_size": 1.0, "outer_bytes_sent": 0.0, "outer_agreed": 0.0}
@@ -90,6 +101,7 @@ class OuterOptimizer:
                            outer_agreed=float(got.agreed))
             if got.agreed:
                 avg_P = got.delta_P
+                self.error_P = getattr(got, "send_error_P", None)
         if avg_P is not None:
             step = diloco.nesterov_step(self.outer_P, avg_P, self.momentum_P, lr=self.lr, momentum=self.momentum)
             self.outer_P, self.momentum_P = step.params_P, step.momentum_P

@@ -20,6 +20,7 @@ import torch
 from swarmrl.node.models.base_model import prepare_base_model
 from swarmrl.node.swarm.dht import VerifiedRecord, start_dht, visible_maddrs
 from swarmrl.node.swarm.job_swarm import JobSwarm
+from swarmrl.node.swarm.outer_round import MIN_QUANTISED
 from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.node.trainer.job import JobRuntime
 from swarmrl.node.trainer.ledger import Ledger
@@ -55,13 +56,13 @@ def _record(job: JobRuntime) -> VerifiedRecord:
     return VerifiedRecord(job.record("127.0.0.1:1"), job.identity.peer_id, job.identity.public_key)
 
 
-@pytest.fixture()
-def pair(tmp_path, model_cache):
+@pytest.fixture(params=["int8", "float32"])
+def pair(request, tmp_path, model_cache):
     first = start_dht()
     dhts = [first, start_dht(visible_maddrs(first))]
     model = prepare_base_model("tiny", model_cache)
     spec = builtin_job("tiny", model_cache, steps=9, batch_groups=2, prompts_per_lease=1, sync="diloco",
-                       inner_steps=3, outer_timeout_s=30.0, delta_codec="int8")
+                       inner_steps=3, outer_timeout_s=30.0, delta_codec="int8", outer_codec=request.param)
     jobs, ledgers = [], []
     for i, dht in enumerate(dhts):
         ident = Identity.from_seed(bytes([65 + i]) * 32)
@@ -112,7 +113,7 @@ def test_two_diloco_trainers_agree_by_hash_after_every_outer_step(pair):
     for job in jobs:   # hivemind starts its averager processes from the main thread only
         job.coordinate([_record(j) for j in jobs])
         assert job.cotraining is not None
-        job.cotraining.swarm.outer_rounds(job.learner.params, job.spec.outer_timeout_s)
+        job.cotraining.swarm.outer_rounds(job.learner.params, job.spec.outer_timeout_s, job.spec.outer_codec)
     threads = [threading.Thread(target=_train, args=(job, jobs, seen[i], rows[i], errors, i))
                for i, job in enumerate(jobs)]
     for t in threads:
@@ -136,8 +137,20 @@ def test_two_diloco_trainers_agree_by_hash_after_every_outer_step(pair):
     n_bytes = 4 * sum(p.numel() for p in jobs[0].learner.params)
     sent = [sum(r["outer_bytes_sent"] for r in rs) for rs in outer_rows]
     print(f"bytes sent per trainer over 3 outer rounds: {sent} (LoRA float32 size {n_bytes})")
+    if jobs[0].spec.outer_codec == "int8":   # a byte a value plus a 256-entry float32 codebook per tensor part
+        n_bytes = sum(p.numel() + 8 + 4 * 256 if p.numel() >= MIN_QUANTISED else 4 * p.numel()
+                      for p in jobs[0].learner.params)
+    print(f"expected about {3 * n_bytes} over 3 rounds")
     for s in sent:
         assert 0.9 * 3 * n_bytes <= s <= 1.2 * 3 * n_bytes
+    for job in jobs:   # int8: each trainer carries what its own sent parts lost (error feedback), else nothing
+        assert job.outer is not None
+        carried = job.outer.error_P
+        if job.spec.outer_codec == "int8":
+            assert carried is not None and any(float(e.abs().sum()) > 0 for e in carried)
+            assert [e.shape for e in carried] == [p.shape for p in job.learner.params]
+        else:
+            assert carried is None or all(float(e.abs().sum()) == 0 for e in carried)
     assert jobs[0].cotraining is not None
     assert jobs[0].cotraining.swarm.counters["outer_rounds"] == 3
     assert jobs[0].cotraining.swarm.counters["outer_solo"] == 0
