@@ -125,15 +125,17 @@ class Cotrainers:
     def sync_target(self, version: int, head_hash: bytes) -> Cotrainer | None:
         """The cotrainer whose state to adopt now, if any: the furthest ahead, or at our version
         with a different adapter, the smallest id below ours. With DiLoCo only outer versions
-        count (inner ones are each trainer's own): one past our round's start is ahead (we
-        missed its round), and a split is one at our outer version."""
+        count (inner ones are each trainer's own, and what a trainer shares is its last outer
+        version): one whose last outer version is past ours finished a round we missed (we
+        restarted, or were slow past the round's timeout), whatever inner version it is at now;
+        a split is one at our outer version with another adapter."""
         live = self.live()
         if self.inner_steps is not None:
             h = self.inner_steps
+            ahead = [c for c in live if c.head_version - c.head_version % h > version - version % h]
+            if ahead:
+                return min(ahead, key=lambda c: (-(c.head_version - c.head_version % h), c.trainer_id))
             live = [c for c in live if c.head_version % h == 0]
-            if version % h:   # mid-round: only a finished later round is worth adopting
-                ahead = [c for c in live if c.head_version > version - version % h]
-                return min(ahead, key=lambda c: (-c.head_version, c.trainer_id)) if ahead else None
         ahead = [c for c in live if c.head_version > version]
         if ahead:
             return min(ahead, key=lambda c: (-c.head_version, c.trainer_id))

@@ -4,17 +4,32 @@
 with the weight of its real tokens, so the others must exclude it from the average. The drill
 wraps the step's gradient reducer; the step itself (`Learner.step`) knows no drill and never
 applies non-finite gradients.
+
+`die_in_outer_round` is a DiLoCo trainer that dies in its second outer round: it joins the
+round's group (its cotrainers start the all-reduce with it), then, before its parts go out, it
+SIGKILLs its whole process group (itself, its DHT and its averager's process), as a crashed
+machine would. The others must finish the round within its
+timeout, and the trainer, restarted without the drill, must rejoin from its checkpoint.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
+import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from swarmrl.node.trainer.outer import OuterAverager
 from swarmrl.protocol.grpo.reduce import GradientReducer, Reduced
 
-FAULTS = ("nan_gradients",)
+log = logging.getLogger(__name__)
+FAULTS = ("nan_gradients", "die_in_outer_round")
+DIE_AT_ROUND = 2      # the outer round (counted in this process) the drill dies in
+DIE_AFTER_S = 3.0     # seconds after it joined the round's matchmaking: the group has formed by then
 
 
 class NaNGradients:
@@ -32,14 +47,59 @@ class NaNGradients:
         return self.inner.reduce([torch.full_like(g, float("nan")) for g in grads], max(weight, 1.0))
 
 
+def _kill_my_group() -> None:
+    log.warning("fault drill die_in_outer_round: SIGKILL to this trainer's process group, mid-round")
+    os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+class DieInOuterRound:
+    """The `die_in_outer_round` drill (module docstring): wraps each outer step's averager."""
+
+    def __init__(self, at_round: int = DIE_AT_ROUND, after_s: float = DIE_AFTER_S,
+                 kill: Callable[[], None] = _kill_my_group) -> None:
+        self.at_round, self.after_s, self.kill, self.rounds = at_round, after_s, kill, 0
+
+    def wrap(self, inner: OuterAverager) -> OuterAverager:
+        """`inner`, except that its `at_round`-th round (in this process) ends in the kill."""
+        drill = self
+
+        class Dying:
+            def run(self, version: int, start_hash: bytes, delta_P: list[torch.Tensor], weight: float,
+                    expected: int) -> Any:
+                drill.rounds += 1
+                if drill.rounds != drill.at_round:
+                    return inner.run(version, start_hash, delta_P, weight, expected)
+                averaging = getattr(inner, "averaging", None)   # `OuterRounds`: join the group, send nothing
+                if averaging is not None:
+                    averaging.begin(version, {"version": version, "start": start_hash.hex(), "trainer": "drill"},
+                                    expected=expected)
+                    time.sleep(drill.after_s)
+                drill.kill()
+                raise RuntimeError("die_in_outer_round: the kill did not end this process")
+
+        return Dying()
+
+
+def _check(fault: str | None) -> None:
+    if fault is not None and fault not in FAULTS:
+        raise ValueError(f"unknown trainer fault {fault!r}; known: {', '.join(FAULTS)}")
+
+
 def reducer_wrap(fault: str | None) -> Callable[[GradientReducer], GradientReducer] | None:
-    """The reducer wrapper of a trainer fault drill (None: no drill).
+    """The reducer wrapper of a trainer fault drill (None: no drill, or not a reducer's).
 
     Raises:
         ValueError: an unknown fault name.
     """
-    if fault is None:
-        return None
-    if fault not in FAULTS:
-        raise ValueError(f"unknown trainer fault {fault!r}; known: {', '.join(FAULTS)}")
-    return NaNGradients
+    _check(fault)
+    return NaNGradients if fault == "nan_gradients" else None
+
+
+def outer_drill(fault: str | None) -> DieInOuterRound | None:
+    """The outer-round drill of a trainer fault (None: no drill, or not an outer round's).
+
+    Raises:
+        ValueError: an unknown fault name.
+    """
+    _check(fault)
+    return DieInOuterRound() if fault == "die_in_outer_round" else None

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from swarmrl.node.models.base_model import find_base_model_by_sha
 from swarmrl.node.runtime.config import TrainerConfig
 from swarmrl.node.swarm.job_swarm import JobSwarm
-from swarmrl.node.trainer.faults import reducer_wrap
+from swarmrl.node.trainer.faults import outer_drill, reducer_wrap
 from swarmrl.node.trainer.job import JobRuntime, now_ms
 from swarmrl.node.trainer.ledger import Ledger
 from swarmrl.node.trainer.red_team import drill_for
@@ -58,7 +58,8 @@ class Trainer:
                              ledger=self.ledger, prompt_shard=self.cfg.prompt_shard,
                              probation_ms=int(self.cfg.probation_s * 1000) if self.cfg.trusted_validators else 0,
                              probation_last_chance=self.cfg.probation_last_chance,
-                             wrap_reducer=reducer_wrap(self.cfg.fault), device=self.cfg.device,
+                             wrap_reducer=reducer_wrap(self.cfg.fault), outer_drill=outer_drill(self.cfg.fault),
+                             device=self.cfg.device,
                              ledger_keep_ms=int(self.cfg.ledger_keep_s * 1000), weight=weight,
                              statement_drill=drill_for(self.cfg.red_team, job_id))
         runtime.store.retention = Retention(self.cfg.keep_versions, self.cfg.keep_snapshots, spec.max_async_level)

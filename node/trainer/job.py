@@ -26,9 +26,10 @@ from swarmrl.node.trainer.adapter_store import AdapterStore, StoredUpdate
 from swarmrl.node.trainer.admission import Admission
 from swarmrl.node.trainer.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from swarmrl.node.trainer.cotraining import CotrainerSync
+from swarmrl.node.trainer.faults import DieInOuterRound
 from swarmrl.node.trainer.learner import Learner
 from swarmrl.node.trainer.ledger import Ledger, PendingGroup, Probation
-from swarmrl.node.trainer.outer import OuterOptimizer
+from swarmrl.node.trainer.outer import OuterAverager, OuterOptimizer
 from swarmrl.node.trainer.red_team import StatementDrill
 from swarmrl.node.trainer.statements import StatementBook
 from swarmrl.protocol import adapter as ad
@@ -69,8 +70,8 @@ class JobRuntime:
     clock: unix seconds (default time.time; tests pass their own).
     monotonic: the lease book's clock, seconds that never jump (`Admission`; default
         time.monotonic, or `clock` when a test passes its own).
-    wrap_reducer: fault drills wrap the step's gradient reducer (`node.trainer.faults`); the
-        step itself carries no drill.
+    wrap_reducer, outer_drill: fault drills wrap the step's gradient reducer and the DiLoCo
+        outer round's averager (`node.trainer.faults`); the step itself carries no drill.
     device: where the learner's model runs (`node.inference.device.resolve_device`).
     ledger_keep_ms: how long a finished batch stays whole in the ledger after it arrived (for
         validators' SampleAdmitted); each step then clears older ones (`compact_ledger`).
@@ -85,7 +86,7 @@ class JobRuntime:
         monotonic: Callable[[], float] | None = None,
         wrap_reducer: ReducerWrap | None = None, dataset: bytes | None = None, device: str = "cpu",
         ledger_keep_ms: int = LEDGER_KEEP_MS, weight: float | None = None,
-        statement_drill: StatementDrill | None = None,
+        statement_drill: StatementDrill | None = None, outer_drill: DieInOuterRound | None = None,
     ) -> None:
         self.weight = spec.weight if weight is None else weight
         if not 0 < self.weight <= spec.weight:
@@ -93,6 +94,7 @@ class JobRuntime:
         self.job_id, self.spec, self.identity, self.ledger = job_id, spec, identity, ledger
         self.probation_ms, self.clock, self.wrap_reducer = probation_ms, clock, wrap_reducer
         self.probation_last_chance = probation_last_chance
+        self.outer_drill = outer_drill
         self.ledger_keep_ms = ledger_keep_ms
         self.dir = state_dir / "jobs" / job_id
         self.dataset = dataset
@@ -318,9 +320,11 @@ class JobRuntime:
         trainer of the round. Returns the outer figures for the metrics row."""
         assert self.outer is not None
         swarm = self.cotraining.swarm if self.cotraining is not None and self.cotraining.swarm.active else None
-        rounds = swarm.outer_rounds(self.learner.params, self.spec.outer_timeout_s, self.spec.outer_codec) \
-            if swarm is not None else None
+        rounds: OuterAverager | None = swarm.outer_rounds(self.learner.params, self.spec.outer_timeout_s,
+                                                          self.spec.outer_codec) if swarm is not None else None
         expected = 1 + len(swarm.cotrainers.live()) if swarm is not None and rounds is not None else 1
+        if rounds is not None and self.outer_drill is not None:
+            rounds = self.outer_drill.wrap(rounds)
         new_P, metrics = self.outer.step([p.detach() for p in self.learner.params], self.version + 1, rounds, expected)
         if swarm is not None:
             swarm.counters["outer_rounds"] += 1

@@ -164,3 +164,20 @@ def test_prompt_shards_are_disjoint_and_survive_a_restart():
     assert list(restored.issue("p", 2, 0, sampling, 0).prompt_indices) == [3, 13]
     with pytest.raises(ValueError):
         LeaseBook("J", ttl_ms=10, shard=(2, 2))
+
+
+def test_diloco_cotrainer_rules_count_outer_versions_only():
+    """With DiLoCo (H = 4) a cotrainer that finished a round we missed is ahead whatever inner
+    version it is at now (a restarted trainer caught only that at a moment its head was an outer
+    version, and a real swarm rejoined only at the job's end); inner versions never split."""
+    me, other = "5" * 40, "1" * 40
+    view = Cotrainers("J", me, allowed={other}, inner_steps=4)
+    view.update([_record(other, 13, b"a")])         # its last outer version is 12
+    assert view.sync_target(7, b"m").trainer_id == other          # ours is 4: it finished 8 and 12
+    assert view.sync_target(9, b"m").trainer_id == other          # ours is 8: it took the round at 12 without us
+    assert view.sync_target(13, b"m") is None                     # same round, inner versions: each its own
+    assert view.sync_target(12, b"m") is None                     # our round is its round
+    view.update([_record(other, 12, b"a")])
+    assert view.sync_target(12, b"m").trainer_id == other         # the same outer version, another adapter
+    assert view.sync_target(12, b"a") is None
+    assert view.sync_target(11, b"m").trainer_id == other         # it took the round at 12 without us

@@ -1,0 +1,161 @@
+"""A DiLoCo trainer SIGKILLed mid-outer-round (issue 26's fault figure), with real processes on
+loopback: a bootstrap, two trainers of one tiny job (`sync = "diloco"`, H = 4, int8 outer rounds)
+and two workers. Trainer1 runs the `die_in_outer_round` drill: in its second outer round, a moment
+after it put its pseudo-gradient in, it SIGKILLs its process group (itself, its DHT, its
+averager). Then:
+
+- the survivor finishes that round within the round's timeout (alone) and the job goes on;
+- no admitted group is lost: every group a worker holds trainer1's signed receipt for is in
+  trainer1's ledger when it comes back;
+- trainer1, restarted without the drill from its state folder, adopts the job's outer state and
+  agrees with the survivor by adapter hash within two outer steps, then takes agreed outer
+  rounds again, and both end the job on the same adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from swarmrl.node.local.processes import LocalSwarm
+from swarmrl.node.submitter.client import job_status, sign_job, submit_signed
+from swarmrl.node.tasks.builtin_jobs import builtin_job
+from swarmrl.node.worker.receipts import ReceiptStore, receipts_path
+from swarmrl.protocol import diloco
+from swarmrl.protocol.identity import Identity
+from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.signing import signer_id
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+H, STEPS, OUTER_TIMEOUT_S = 4, 64, 15.0
+TRAINERS = ("trainer0", "trainer1")
+
+
+def _wait(cond, timeout_s: float, what: str, log: Path | None = None) -> None:
+    """Poll `cond` until it holds (`timeout_s`: a ceiling against a hang, not a speed bound)."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            tail = f"\n--- {log.name}\n{log.read_text()[-3000:]}" if log is not None and log.exists() else ""
+            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}{tail}")
+        time.sleep(0.3)
+
+
+def _outer_hashes(state_dir: Path, job_id: str) -> dict[int, bytes]:
+    """Outer version -> adapter hash, from a trainer's store (its signed snapshot headers)."""
+    out = {}
+    for hdr in (state_dir / "jobs" / job_id / "adapters").glob("s*.hdr"):
+        v = int(hdr.stem[1:])
+        if v and diloco.is_outer_version(v, H):
+            out[v] = bytes(pb.AdapterUpdate.FromString(pb.Signed.FromString(hdr.read_bytes()).body).to_hash)
+    return out
+
+
+def _receipted(cache: Path, workers: list[Identity], trainer: str, job_id: str) -> set[int]:
+    """Prompt indices the workers hold `trainer`'s signed admission receipts for."""
+    got: set[int] = set()
+    for w in workers:
+        path = receipts_path(cache, w.peer_id)
+        if not path.exists():
+            continue
+        store = ReceiptStore(path)
+        try:
+            for env in store.envelopes(job_id):
+                if signer_id(env) == trainer:
+                    got |= set(pb.AdmissionReceipt.FromString(env.body).admitted)
+        finally:
+            store.close()
+    return got
+
+
+def _ledger_prompts(state_dir: Path, job_id: str) -> set[int]:
+    con = sqlite3.connect(f"file:{state_dir / 'ledger.sqlite'}?mode=ro", uri=True)
+    try:
+        return {int(r[0]) for r in con.execute("SELECT prompt_index FROM groups WHERE job_id = ?", (job_id,))}
+    finally:
+        con.close()
+
+
+def test_a_trainer_killed_mid_outer_round_loses_nothing_and_rejoins(tmp_path: Path, model_cache: Path) -> None:
+    work, procs = tmp_path, LocalSwarm(tmp_path)
+    keys = {n: Identity.generate() for n in (*TRAINERS, "worker0", "worker1", "submitter")}
+    for n, k in keys.items():
+        k.save(work / "keys" / f"{n}.key")
+    ids = [keys[t].peer_id for t in TRAINERS]
+
+    def start_trainer(name: str, rank: int, extra: list[str]) -> str:
+        ready = work / f"{name}.ready"
+        ready.unlink(missing_ok=True)
+        procs.start(name, "trainer", [
+            f"net.initial_peers={json.dumps(peers)}", f"cache_dir={json.dumps(str(model_cache))}",
+            f"key={json.dumps(str(work / 'keys' / (name + '.key')))}", f"state_dir={json.dumps(str(work / name))}",
+            f"ready_file={json.dumps(str(ready))}", f"prompt_shard={json.dumps([rank, 2])}",
+            f"cotrainers={json.dumps(ids)}", "averaging_matchmaking_s=1.0", "averaging_timeout_s=10", *extra])
+        return str(procs.wait_ready(name, ready, timeout_s=180)["endpoint"])
+
+    try:
+        procs.start("bootstrap", "bootstrap", [f"ready_file={json.dumps(str(work / 'bootstrap.ready'))}"])
+        peers = procs.wait_ready("bootstrap", work / "bootstrap.ready")["maddrs"]
+        ep0 = start_trainer("trainer0", 0, [])
+        ep1 = start_trainer("trainer1", 1, ['fault="die_in_outer_round"'])
+        spec = builtin_job("tiny", model_cache, steps=STEPS, batch_groups=2, prompts_per_lease=2, sync="diloco",
+                           inner_steps=H, outer_timeout_s=OUTER_TIMEOUT_S)
+        envelope = sign_job(keys["submitter"], spec)
+        job_id = submit_signed(ep0, envelope)
+        assert submit_signed(ep1, envelope) == job_id
+        for i, w in enumerate(("worker0", "worker1")):
+            procs.start(w, "worker", [
+                f"net.initial_peers={json.dumps(peers)}", f"cache_dir={json.dumps(str(model_cache))}",
+                f"key={json.dumps(str(work / 'keys' / (w + '.key')))}", "base_model=\"tiny\"",
+                f"ready_file={json.dumps(str(work / (w + '.ready')))}", "sync_poll_s=0.3", "peer_wait_s=0.5",
+                f"prefer_trainer={json.dumps(ids[i])}"])
+
+        # trainer1 dies in its second outer round (version 2H), its whole process group with it
+        killed = procs.procs["trainer1"]
+        deadline = time.monotonic() + 300
+        while killed.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert killed.returncode == -9, "the drill did not kill trainer1"
+        log1 = work / "logs" / "trainer1.log"
+        assert "die_in_outer_round" in log1.read_text()
+        receipted = _receipted(model_cache, [keys["worker0"], keys["worker1"]], ids[1], job_id)
+        assert receipted, "no worker holds a receipt of trainer1"
+        kept = _ledger_prompts(work / "trainer1", job_id)
+        assert receipted <= kept, f"admitted groups lost: {sorted(receipted - kept)[:10]}"
+
+        # the survivor finished that round alone, within the round's timeout, and went on
+        _wait(lambda: job_status(ep0, job_id, timeout_s=10).policy_version >= 2 * H + 2, 180,
+              "the survivor stepping past the round", work / "logs" / "trainer0.log")
+        history = job_status(ep0, job_id, history=STEPS, timeout_s=10).history
+        row = next(h for h in history if h.step == 2 * H)
+        assert row.extra["outer_agreed"] == 0.0 and row.extra["outer_seconds"] < 3 * OUTER_TIMEOUT_S + 10
+
+        # back without the drill: resumes, adopts the outer state, agrees within two outer steps
+        at_restart = diloco.last_outer_version(job_status(ep0, job_id, timeout_s=10).policy_version, H)
+        ep1 = start_trainer("trainer1", 1, [])
+        assert "resumed at version" in log1.read_text()
+        assert receipted <= _ledger_prompts(work / "trainer1", job_id)
+
+        def agreed_at() -> int | None:
+            mine, theirs = _outer_hashes(work / "trainer1", job_id), _outer_hashes(work / "trainer0", job_id)
+            common = sorted(v for v in mine if v > 2 * H and theirs.get(v) == mine[v])
+            return common[0] if common else None
+
+        _wait(lambda: agreed_at() is not None, 240, "trainer1 agreeing by hash again", log1)
+        first = agreed_at()
+        assert first is not None and first <= at_restart + 2 * H, (first, at_restart)
+        print(f"killed in the round at v{2 * H}; the survivor's round took {row.extra['outer_seconds']:.1f}s "
+              f"(timeout {OUTER_TIMEOUT_S:.0f}s); {len(receipted)} receipted groups of trainer1 all in its ledger; "
+              f"restarted at the survivor's outer v{at_restart}; agreed by hash at v{first}")
+        _wait(lambda: job_status(ep1, job_id, timeout_s=10).outer_rounds >= 1, 240,
+              "an agreed outer round after the restart", log1)
+        _wait(lambda: all(job_status(ep, job_id, timeout_s=10).state == "done" for ep in (ep0, ep1)), 300,
+              "both trainers ending the job", log1)
+        ends = [job_status(ep, job_id, timeout_s=10) for ep in (ep0, ep1)]
+        assert {(s.policy_version, bytes(s.adapter_hash)) for s in ends} == {(STEPS, bytes(ends[0].adapter_hash))}
+    finally:
+        procs.stop_all()
