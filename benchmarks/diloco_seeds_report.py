@@ -1,6 +1,6 @@
 """The table of scripts/diloco_seeds.sh: per (mode, seed), the bytes the trainers sent each other
-(scaled to 60 steps), held-out accuracy base -> adapter, wall seconds, the trainers' agreement and
-their outer/averaging rounds; then per mode the mean and spread (sample std) over seeds, and the
+(scaled to 60 steps), held-out accuracy base -> adapter, wall seconds, the trainers' agreement,
+their outer/averaging rounds and compute utilization (step time less round waits, over step time); then per mode the mean and spread (sample std) over seeds, and the
 bytes ratio every_step / diloco.
 
     .venv/bin/python benchmarks/diloco_seeds_report.py runs/diloco-seeds [--per-steps 60]
@@ -34,7 +34,9 @@ def row(run: Path, per_steps: int) -> dict[str, Any]:
             "reward_first_last": (s.get("reward_first"), s.get("reward_last")),
             "validator": s.get("validator"), "groups_rejected": s.get("groups_rejected"),
             "rounds": {t[:8]: (v.get("averaging_rounds"), v.get("outer_rounds"), v.get("state_syncs"))
-                       for t, v in trainers.items()}}
+                       for t, v in trainers.items()},
+            "utilization": [v.get("compute_utilization") for v in trainers.values()],
+            "round_wait_s": [round(v.get("round_wait_seconds") or 0.0, 1) for v in trainers.values()]}
 
 
 def main() -> None:
@@ -52,7 +54,8 @@ def main() -> None:
         print(f"{mode}: bytes per {args.per_steps} steps {_spread([r['sync_bytes_per_60'] for r in rows])}; "
               f"held-out base {_spread([r['base'] for r in rows if r['base'] is not None])} -> adapter "
               f"{_spread([r['adapter'] for r in rows if r['adapter'] is not None])}; seconds "
-              f"{_spread([r['seconds'] for r in rows if r['seconds'] is not None])}; "
+              f"{_spread([r['seconds'] for r in rows if r['seconds'] is not None])}; compute utilization "
+              f"{_spread([u for r in rows for u in r['utilization'] if u is not None])}; "
               f"hashes agree {sum(bool(r['agree']) for r in rows)}/{len(rows)}")
     if by_mode.get("every_step") and by_mode.get("diloco"):
         old = statistics.fmean(r["sync_bytes_per_60"] for r in by_mode["every_step"])

@@ -10,6 +10,10 @@
                              inbound only for established connections
       worker_b  10.213.1.2   behind the NAT: default route via 10.213.1.1 and no other; nothing
                              on the bridge can dial it (a DHT client-mode worker)
+      trainerN  10.213.0.1N  with `remote_trainers` (N = 1..): a job's other trainers, each in its
+                             own "data centre" behind a WAN link of its own (default 100 ms one
+                             way, 20 Mbit/s each direction, no loss): whatever reaches it, its
+                             cotrainer on main and the workers included, crosses that link
 
 The namespaces are joined only to one another, never to the host's interfaces; the addresses
 (10.213.0.0/16) exist only inside them. `NetBed.down` (and leaving its `with` block) removes them
@@ -37,6 +41,8 @@ CLONE_NEWNET = 0x40000000
 SUBNET = "10.213.0"
 NAT_SUBNET = "10.213.1"
 DELAY_MS, LOSS = 80, 0.01
+WAN_DELAY_MS, WAN_RATE_MBIT = 100.0, 20.0   # a remote trainer's link (issue 26's bed)
+MAX_REMOTE_TRAINERS = 8
 
 
 @dataclass(frozen=True)
@@ -80,8 +86,16 @@ class NetBed:
     delay_ms: float = DELAY_MS
     loss: float = LOSS
     log_dir: Path | None = None
-    netem: bool = False            # whether the slow link is kernel netem (else the user-space wire)
-    wire: subprocess.Popen[bytes] | None = None
+    netem: bool = False            # whether the slow links are kernel netem (else user-space wires)
+    remote_trainers: int = 0       # trainer1..N, each behind its own WAN link
+    wan_delay_ms: float = WAN_DELAY_MS
+    wan_rate_mbit: float = WAN_RATE_MBIT
+    wires: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def roles(self) -> list[str]:
+        """Every namespace role of the bed, the hub first."""
+        return ["hub", "main", "validator", "worker_a", "nat", "worker_b",
+                *(f"trainer{i}" for i in range(1, self.remote_trainers + 1))]
 
     def ns(self, role: str) -> str:
         """The namespace name of `role` (hub, main, validator, worker_a, nat, worker_b)."""
@@ -95,11 +109,15 @@ class NetBed:
             "validator": Host("validator", self.ns("validator"), f"{SUBNET}.3"),
             "worker_a": Host("worker_a", self.ns("worker_a"), f"{SUBNET}.4"),
             "worker_b": Host("worker_b", self.ns("worker_b"), f"{NAT_SUBNET}.2", behind_nat=True),
+            **{f"trainer{i}": Host(f"trainer{i}", self.ns(f"trainer{i}"), f"{SUBNET}.{10 + i}")
+               for i in range(1, self.remote_trainers + 1)},
         }
 
     def up(self) -> NetBed:
-        """Make the namespaces, links, NAT and the slow link. Raises CalledProcessError (after
-        removing what was made) if a step fails."""
+        """Make the namespaces, links, NAT and the slow links. Raises CalledProcessError (after
+        removing what was made) if a step fails, ValueError for more than MAX_REMOTE_TRAINERS."""
+        if not 0 <= self.remote_trainers <= MAX_REMOTE_TRAINERS:
+            raise ValueError(f"remote_trainers must be in [0, {MAX_REMOTE_TRAINERS}], got {self.remote_trainers}")
         try:
             self._make()
         except BaseException:
@@ -109,7 +127,7 @@ class NetBed:
 
     def _make(self) -> None:
         hub = self.ns("hub")
-        for role in ("hub", "main", "validator", "worker_a", "nat", "worker_b"):
+        for role in self.roles():
             _run("ip", "netns", "add", self.ns(role))
             _run("ip", "-n", self.ns(role), "link", "set", "lo", "up")
         _run("ip", "-n", hub, "link", "add", "br0", "type", "bridge")
@@ -117,7 +135,9 @@ class NetBed:
         self._attach("main", f"{SUBNET}.2", "p-main")
         self._attach("validator", f"{SUBNET}.3", "p-val")
         self._attach("nat", f"{SUBNET}.5", "p-nat")
-        self._slow_link()
+        self._slow_link("worker_a", f"{SUBNET}.4", "p-wa", self.delay_ms, self.loss, 0.0)
+        for i in range(1, self.remote_trainers + 1):
+            self._slow_link(f"trainer{i}", f"{SUBNET}.{10 + i}", f"p-t{i}", self.wan_delay_ms, 0.0, self.wan_rate_mbit)
         self._nat()
 
     def _attach(self, role: str, address: str, hub_end: str, bridge: bool = True) -> None:
@@ -130,33 +150,34 @@ class NetBed:
             _run("ip", "-n", hub, "link", "set", hub_end, "master", "br0")
         _run("ip", "-n", hub, "link", "set", hub_end, "up")
 
-    def _slow_link(self) -> None:
-        """worker_a's link: netem on both ends when the kernel has it, else the user-space wire."""
-        hub, ns = self.ns("hub"), self.ns("worker_a")
-        netem = ["root", "netem", "delay", f"{self.delay_ms:g}ms", "loss", f"{self.loss * 100:g}%"]
-        self._attach("worker_a", f"{SUBNET}.4", "p-wa", bridge=False)
-        if _ok("ip", "netns", "exec", hub, "tc", "qdisc", "add", "dev", "p-wa", *netem):
+    def _slow_link(self, role: str, address: str, end: str, delay_ms: float, loss: float, rate_mbit: float) -> None:
+        """`role`'s link to the bridge: netem on both ends when the kernel has it, else a
+        user-space wire between its veth and the bridge (`rate_mbit` 0: no rate limit)."""
+        hub, ns = self.ns("hub"), self.ns(role)
+        netem = ["root", "netem", "delay", f"{delay_ms:g}ms", "loss", f"{loss * 100:g}%",
+                 *(["rate", f"{rate_mbit:g}mbit"] if rate_mbit else [])]
+        self._attach(role, address, end, bridge=False)
+        if _ok("ip", "netns", "exec", hub, "tc", "qdisc", "add", "dev", end, *netem):
             _run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", "eth0", *netem)
-            _run("ip", "-n", hub, "link", "set", "p-wa", "master", "br0")
+            _run("ip", "-n", hub, "link", "set", end, "master", "br0")
             self.netem = True
             return
-        _run("ip", "-n", hub, "link", "add", "p-wa-in", "type", "veth", "peer", "name", "p-wa-br")
-        _run("ip", "-n", hub, "link", "set", "p-wa-br", "master", "br0")
-        for dev in ("p-wa-in", "p-wa-br"):
+        _run("ip", "-n", hub, "link", "add", f"{end}-in", "type", "veth", "peer", "name", f"{end}-br")
+        _run("ip", "-n", hub, "link", "set", f"{end}-br", "master", "br0")
+        for dev in (f"{end}-in", f"{end}-br"):
             _run("ip", "-n", hub, "link", "set", dev, "up")
-        for dev in ("p-wa", "p-wa-in"):
+        for dev in (end, f"{end}-in"):
             _run("ip", "-n", hub, "link", "set", dev, "promisc", "on")
         # the wire copies whole frames: no segmentation offloads and no partial checksums anywhere
         # a frame can come from or go to
-        for where, dev in [(hub, "p-wa"), (hub, "p-wa-in"), (hub, "p-wa-br"), (ns, "eth0"),
-                           (self.ns("main"), "eth0"), (self.ns("validator"), "eth0"), (self.ns("nat"), "eth0")]:
-            _run("ip", "netns", "exec", where, "ethtool", "-K", dev, "tso", "off", "gso", "off", "gro", "off",
-                 "tx", "off")
-        log = open(self.log_dir / "netwire.log", "ab") if self.log_dir else subprocess.DEVNULL   # noqa: SIM115
-        self.wire = subprocess.Popen(
-            ["ip", "netns", "exec", hub, sys.executable, "-m", "swarmrl.node.local.netwire", "p-wa", "p-wa-in",
-             "--delay-ms", f"{self.delay_ms:g}", "--loss", f"{self.loss:g}"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        for where, dev in [(hub, end), (hub, f"{end}-in"), (hub, f"{end}-br"), (ns, "eth0"),
+                           *((self.ns(r), "eth0") for r in self.roles() if r not in ("hub", role, "worker_b"))]:
+            _ok("ip", "netns", "exec", where, "ethtool", "-K", dev, "tso", "off", "gso", "off", "gro", "off", "tx", "off")
+        log = open(self.log_dir / f"netwire-{role}.log", "ab") if self.log_dir else subprocess.DEVNULL  # noqa: SIM115
+        self.wires.append(subprocess.Popen(
+            ["ip", "netns", "exec", hub, sys.executable, "-m", "swarmrl.node.local.netwire", end, f"{end}-in",
+             "--delay-ms", f"{delay_ms:g}", "--loss", f"{loss:g}", "--rate-mbit", f"{rate_mbit:g}"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
 
     def _nat(self) -> None:
         """nat's second leg to worker_b, forwarding, and masquerade out of eth0 (inbound: replies only)."""
@@ -193,15 +214,16 @@ class NetBed:
             server.wait()
 
     def down(self) -> None:
-        """Stop the wire and remove every namespace of the bed (their links go with them)."""
-        if self.wire is not None and self.wire.poll() is None:
-            os.killpg(self.wire.pid, signal.SIGTERM)
-            try:
-                self.wire.wait(5)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.wire.pid, signal.SIGKILL)
-                self.wire.wait()
-        for role in ("worker_b", "nat", "worker_a", "validator", "main", "hub"):
+        """Stop the wires and remove every namespace of the bed (their links go with them)."""
+        for wire in self.wires:
+            if wire.poll() is None:
+                os.killpg(wire.pid, signal.SIGTERM)
+                try:
+                    wire.wait(5)
+                except subprocess.TimeoutExpired:
+                    os.killpg(wire.pid, signal.SIGKILL)
+                    wire.wait()
+        for role in reversed(self.roles()):
             _ok("ip", "netns", "del", self.ns(role))
 
     def existing(self) -> list[str]:
@@ -235,13 +257,13 @@ def leave(old: int) -> None:
 
 
 @contextmanager
-def bed_for_up(log_dir: Path) -> Iterator[NetBed]:
-    """A bed for `swarmrl up --netns`, with this process inside its main namespace while the
-    block runs; everything is removed at the end."""
+def bed_for_up(log_dir: Path, remote_trainers: int = 0) -> Iterator[NetBed]:
+    """A bed for `swarmrl up --netns` (with `remote_trainers` behind WAN links), with this
+    process inside its main namespace while the block runs; everything is removed at the end."""
     reason = missing()
     if reason is not None:
         raise StartupError(f"--netns: {reason}")
-    bed = NetBed(log_dir=log_dir).up()
+    bed = NetBed(log_dir=log_dir, remote_trainers=remote_trainers).up()
     try:
         old = enter(bed.hosts["main"].netns)
         try:
@@ -256,7 +278,8 @@ class PlacedSwarm(LocalSwarm):
     """A local swarm whose roles run on the bed's machines (or, with no bed, on loopback), with
     TLS on the trainers' gRPC when `tls`: bootstrap and trainers on main, the validator on its
     own, workers alternately on worker_a (slow link) and worker_b (behind the NAT, client mode),
-    red-team workers on worker_a."""
+    red-team workers on worker_a; trainer1, trainer2, ... on their own hosts behind WAN links
+    where the bed has them (`remote_trainers`)."""
 
     def __init__(self, work: Path, bed: NetBed | None = None, *, tls: bool = False) -> None:
         super().__init__(work)
@@ -267,6 +290,8 @@ class PlacedSwarm(LocalSwarm):
         if self.bed is None:
             return None
         hosts = self.bed.hosts
+        if role == "trainer" and name in hosts:   # trainer1.. each in its own data centre, when the bed has it
+            return hosts[name]
         if role in ("bootstrap", "trainer"):
             return hosts["main"]
         if role == "validator":
@@ -290,12 +315,12 @@ class PlacedSwarm(LocalSwarm):
 
 
 @contextmanager
-def swarm_for_up(work: Path, *, netns: bool, tls: bool) -> Iterator[PlacedSwarm]:
+def swarm_for_up(work: Path, *, netns: bool, tls: bool, trainers: int = 1) -> Iterator[PlacedSwarm]:
     """The swarm `swarmrl up` drives: on a fresh bed with this process in its main namespace
-    (`netns`), else on loopback."""
+    (`netns`; the first of `trainers` on main, the others each behind a WAN link), else on loopback."""
     if not netns:
         yield PlacedSwarm(work, tls=tls)
         return
     (work / "logs").mkdir(parents=True, exist_ok=True)
-    with bed_for_up(work / "logs") as bed:
+    with bed_for_up(work / "logs", remote_trainers=min(max(0, trainers - 1), MAX_REMOTE_TRAINERS)) as bed:
         yield PlacedSwarm(work, bed, tls=tls)

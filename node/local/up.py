@@ -117,7 +117,7 @@ def _run_up(opts: UpOptions, run: RunSoFar) -> dict[str, Any]:
     with console.status("preparing the base model and the job (cached after the first run)"):
         spec, dataset = up_job(opts)
     run.spec, run.dataset = spec, dataset
-    with swarm_for_up(work, netns=opts.netns, tls=opts.tls) as swarm:
+    with swarm_for_up(work, netns=opts.netns, tls=opts.tls, trainers=opts.trainers) as swarm:
         try:
             return _drive(swarm, spec, opts, work, dataset, run)
         except (KeyboardInterrupt, Signalled) as exc:

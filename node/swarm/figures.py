@@ -40,6 +40,16 @@ def upload_share(from_trainers: int, from_peers: int) -> float:
     return from_trainers / total if total else 0.0
 
 
+def utilization(st: pb.JobStatus) -> dict[str, float | None]:
+    """A trainer's step seconds, the part spent waiting in averaging / outer rounds, and the
+    compute utilization (1 - wait / step seconds) over the steps of `st.history`."""
+    total = sum(float(h.seconds) for h in st.history)
+    wait = sum(float(h.extra.get("averaging_seconds", 0.0)) + float(h.extra.get("outer_seconds", 0.0))
+               for h in st.history)
+    return {"step_seconds": total, "round_wait_seconds": wait,
+            "compute_utilization": 1.0 - wait / total if total > 0 else None}
+
+
 def swarm_figures(statuses: list[pb.JobStatus], workers: dict[str, dict[str, Any]], job_id: str,
                   model_bytes: int) -> dict[str, Any]:
     """The summary fields of the swarm layer (see README: "Delta gossip figures").
@@ -53,6 +63,8 @@ def swarm_figures(statuses: list[pb.JobStatus], workers: dict[str, dict[str, Any
     from a trainer) would send; it exceeds 1 when snapshots (late joiners), re-fetches or
     adversaries cost the trainer more than the star's deltas. trainer_sync_bytes: tensor bytes
     the trainers sent each other (per-step gradient rounds and DiLoCo outer rounds), all trainers.
+    Per trainer, compute_utilization: its steps' time less the time they waited in averaging
+    or outer rounds, over its steps' time (`round_wait_share` is the rest; None without steps).
     """
     head = statuses[0]
     deltas = [d for d in head.delta_bytes if d > 0]
@@ -88,5 +100,6 @@ def swarm_figures(statuses: list[pb.JobStatus], workers: dict[str, dict[str, Any
                                              "averaging_excluded": int(st.averaging_excluded),
                                              "state_syncs": int(st.state_syncs),
                                              "outer_rounds": int(st.outer_rounds),
-                                             "sync_bytes_sent": int(st.sync_bytes_sent)} for st in statuses},
+                                             "sync_bytes_sent": int(st.sync_bytes_sent),
+                                             **utilization(st)} for st in statuses},
     }

@@ -199,7 +199,9 @@ class AveragingReduce:
         assert swarm.averaging is not None
         if self.pending is None:
             self.begin()
+        t_in = time.monotonic()
         outcome = swarm.averaging.finish(self.pending, grads, weight)
+        waited = time.monotonic() - t_in
         if time.monotonic() - self.t0 > swarm.matchmaking_s + 5:
             log.info("job %s v%d: averaging round took %.1fs (%s)", swarm.job_id[:12], version,
                      time.monotonic() - self.t0, outcome.reason or "agreed")
@@ -208,7 +210,8 @@ class AveragingReduce:
         if outcome.group_size < self.expected:
             swarm.cotrainers.probe(swarm.job_id)   # someone missed the round: is it still there?
         metrics = {"averaged_with": float(outcome.group_size - 1) if outcome.agreed else 0.0,
-                   "excluded_peers": float(len(outcome.excluded)), "averaging_bytes_sent": float(outcome.bytes_sent)}
+                   "excluded_peers": float(len(outcome.excluded)), "averaging_bytes_sent": float(outcome.bytes_sent),
+                   "averaging_seconds": waited}
         if outcome.agreed:
             swarm.counters["averaging_rounds"] += 1
             # nobody had a gradient: no optimizer step, at every member

@@ -39,6 +39,51 @@ def test_bed_topology_nat_is_one_way_and_everything_is_removed() -> None:
     assert bed.existing() == [] and _beds() == before
 
 
+_PROBE = """
+import socket, sys, time
+role, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if role == "serve":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind((host, port)); s.listen()
+    print("up", flush=True)
+    c, _ = s.accept()
+    while c.recv(1 << 16):
+        pass
+    c.sendall(b"k"); c.close()
+else:
+    t0 = time.monotonic(); c = socket.create_connection((host, port), timeout=30); rtt = time.monotonic() - t0
+    t1 = time.monotonic(); c.sendall(b"x" * 2_500_000); c.shutdown(socket.SHUT_WR); c.recv(1)
+    print(f"{rtt:.3f} {time.monotonic() - t1:.3f}", flush=True)
+"""
+
+
+def test_a_remote_trainer_sits_behind_its_own_wan_link() -> None:
+    """Issue 26's bed: trainer1 in its own namespace behind a 100 ms, 20 Mbit/s link (the
+    user-space wire where netem is missing). The emulated link shows as lower bounds only (a
+    busy machine can only add time): a TCP connect takes a round trip of at least 2 x 100 ms, and
+    2.5 MB (20 Mbit) take at least about a second."""
+    before = _beds()
+    bed = netns.NetBed(remote_trainers=1).up()
+    try:
+        assert set(bed.hosts) >= {"main", "trainer1"} and bed.hosts["trainer1"].address == f"{netns.SUBNET}.11"
+        main = bed.hosts["main"]
+        server = subprocess.Popen(["ip", "netns", "exec", main.netns, sys.executable, "-c", _PROBE, "serve",
+                                   main.address, "47998"], stdout=subprocess.PIPE, text=True)
+        try:
+            assert server.stdout is not None and server.stdout.readline().strip() == "up"
+            out = subprocess.run(["ip", "netns", "exec", bed.hosts["trainer1"].netns, sys.executable, "-c", _PROBE,
+                                  "send", main.address, "47998"], capture_output=True, text=True, timeout=120,
+                                 check=True).stdout.split()
+        finally:
+            server.kill()
+            server.wait()
+        rtt, transfer = float(out[0]), float(out[1])
+        print(f"trainer1 -> main: connect {rtt * 1000:.0f} ms, 2.5 MB in {transfer:.2f} s")
+        assert rtt >= 0.19 and transfer >= 0.8
+    finally:
+        bed.down()
+    assert bed.existing() == [] and _beds() == before
+
+
 @pytest.mark.slow
 def test_a_tiny_job_trains_across_the_bed_with_tls(tmp_path, model_cache) -> None:
     before = _beds()
