@@ -12,9 +12,9 @@ Two changes to hivemind's butterfly all-reduce (`hivemind.averaging.allreduce`, 
    which differs from `average` in the last bit. Here the reducer of a part sends the averaged
    part itself and every member copies it, so all members of a round that completes hold
    bit-identical tensors.
-2. Non-finite inputs are excluded. A reducer checks every incoming part (its own included) and
-   its weight; a part holding NaN/inf, or a non-finite or negative weight, enters the sum as
-   zeros with weight 0 and the sender is counted as excluded. A part whose senders all have
+2. Malformed inputs are excluded. A reducer checks every incoming part (its own included) and
+   its weight; a part of the wrong shape or holding NaN/inf, or a non-finite or negative weight,
+   enters the sum as zeros with weight 0 and the sender is counted as excluded. A part whose senders all have
    weight 0 averages to zeros (not 0/0). A member that receives a non-finite averaged part
    treats that reducer as failed.
 3. Compressed rounds stay exact. With a lossy `compression` (DiLoCo's int8 outer rounds,
@@ -149,11 +149,14 @@ class ExactAllReduceRunner(AllReduceRunner):
 
     async def _accumulate_checked(self, sender: PeerID, sender_index: int, part_index: int,
                                   part: torch.Tensor, weight: float) -> torch.Tensor:
-        if not _part_ok(part, weight):
+        shape = tuple(self.tensor_part_reducer.part_shapes[part_index]) if part_index < len(
+            self.tensor_part_reducer.part_shapes) else None
+        if tuple(part.shape) != shape or not _part_ok(part, weight):
             if sender not in self.excluded:
-                log.warning("averaging: excluding the non-finite gradient of %s", sender)
+                log.warning("averaging: excluding %s: a part of shape %s (expected %s) or non-finite",
+                            sender, tuple(part.shape), shape)
             self.excluded.add(sender)
-            part, weight = torch.zeros_like(part), 0.0
+            part, weight = torch.zeros(shape or part.shape), 0.0
         averaged: torch.Tensor = await self.tensor_part_reducer.accumulate_part(sender_index, part_index, part,
                                                                               weight=weight)
         return averaged
