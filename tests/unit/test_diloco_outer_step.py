@@ -112,4 +112,9 @@ def test_diloco_settings_need_sync_diloco_and_stay_out_of_other_jobs_ids():
     job = JobSpec(**BASE, sync="diloco", inner_steps=4, steps=8, outer_learning_rate=0.5)
     assert JobSpec.from_json(job.canonical_json()) == job
     assert job.sync_settings() == {"sync": "diloco", "inner_steps": 4, "outer_learning_rate": 0.5,
-                                   "outer_momentum": 0.9}
+                                   "outer_momentum": 0.9, "outer_codec": "int8"}
+    assert '"outer_codec"' not in plain.canonical_json()
+    with pytest.raises(pydantic.ValidationError, match="outer_codec"):
+        JobSpec(**BASE, sync="diloco", inner_steps=4, steps=8, outer_codec="int4")
+    with pytest.raises(pydantic.ValidationError, match="outer_codec is a DiLoCo setting"):
+        JobSpec(**BASE, outer_codec="float32")

@@ -75,7 +75,7 @@ class NaNBackend:
 
 def bare_session(backend: Any) -> JobSession:
     session = object.__new__(JobSession)
-    session.backend, session.stats, session.loaded_version = backend, SessionStats(), 3
+    session.backend, session.stats, session.loaded_version, session.loaded_hash = backend, SessionStats(), 3, bytes(32)
     session.record = SimpleNamespace(job_id="job-1234567890ab", head_version=3)
     session.spec = SimpleNamespace(chat_template=False)
     session.env = SimpleNamespace()   # a single-turn environment (not an EpisodeEnv)
@@ -125,7 +125,7 @@ def test_episode_groups_get_the_same_recovery_and_nonfinite_drop(monkeypatch) ->
 
     calls = []
 
-    def episodes(backend, spec, env, prompts, lease, *, adapter, policy_version):
+    def episodes(backend, spec, env, prompts, lease, *, adapter, policy_version, adapter_hash=b""):
         calls.append(1)
         if len(calls) == 1:
             raise BackendError("engine died")
