@@ -27,6 +27,7 @@ up, so a dead or slow trainer stalls the others by at most `timeout_s`.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -51,6 +52,9 @@ class OuterOutcome:
     reason: why it did not agree ("" when it did).
     send_error_P: int8 rounds that agreed: what this trainer's sent parts lost to quantisation
         (float32, shaped like `delta_P`), for the next round's error feedback; else None.
+    split_winner: when the members started from different outer states (a split), the smallest
+        trainer id among them if it is not this trainer's (this trainer then adopts that one's
+        outer version, `node.trainer.job`); "" otherwise.
     """
 
     agreed: bool
@@ -59,6 +63,7 @@ class OuterOutcome:
     bytes_sent: int
     reason: str = ""
     send_error_P: list[torch.Tensor] | None = None
+    split_winner: str = ""
 
 
 MIN_QUANTISED = 256   # parts with fewer elements travel as float32 (a 1-element std is undefined)
@@ -112,15 +117,22 @@ class OuterRounds:
         """Average `delta_P` (weight: 1.0 for a trainer that stepped, 0.0 to only help) with the
         members meeting for outer `version`; `expected` members (this trainer included) start
         the round at once. Never raises for a failed round: the outcome says why."""
+        t0 = time.monotonic()
         pending = self.averaging.begin(version, {"version": version, "start": start_hash.hex(),
                                                  "trainer": self.my_id}, expected=expected)
         got = self.averaging.finish(pending, delta_P, weight)
+        log.info("outer round v%d: %s, %d of %d expected members, %.1fs, %d bytes sent", version,
+                 "agreed" if got.agreed else f"failed ({got.reason})", got.group_size, expected,
+                 time.monotonic() - t0, got.bytes_sent)
         if not got.agreed:
             return OuterOutcome(False, None, got.group_size, got.bytes_sent, got.reason or "failed")
         starts = {str(g.get("start", "")) for g in got.gathered.values()}
         if starts != {start_hash.hex()}:
-            log.warning("outer round %d: members started from %d different outer states", version, len(starts))
-            return OuterOutcome(False, None, got.group_size, got.bytes_sent, "different_start")
+            winner = min((str(g.get("trainer", "")) for g in got.gathered.values()), default="")
+            log.warning("outer round %d: members started from %d different outer states (a split); %s", version,
+                        len(starts), f"adopting {winner[:12]}'s" if winner < self.my_id else "the others adopt ours")
+            return OuterOutcome(False, None, got.group_size, got.bytes_sent, "different_start",
+                                split_winner=winner if winner and winner < self.my_id else "")
         return OuterOutcome(True, got.averaged if got.contributed else None, got.group_size, got.bytes_sent,
                             send_error_P=got.send_error)
 

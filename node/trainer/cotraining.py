@@ -70,13 +70,17 @@ class CotrainerSync:
         self.job, self.swarm = job, swarm
         self._shared: SharedState | None = None
 
-    def coordinate(self, records: list[VerifiedRecord]) -> None:
+    def coordinate(self, records: list[VerifiedRecord], split_winner: str = "") -> None:
         """Housekeeping before a step: refresh the cotrainers; once there is one, share our state
-        and adopt a cotrainer's when it is ahead or wins a split."""
+        (with DiLoCo, start the outer rounds' averager now, so a first round does not wait for it)
+        and adopt a cotrainer's when it is ahead or wins a split (`split_winner`: the cotrainer
+        that won a split a DiLoCo round found)."""
         job = self.job
         self.swarm.refresh(records)
         if not self.swarm.active:
             return
+        if job.outer is not None:
+            self.swarm.outer_rounds(job.learner.params, job.spec.outer_timeout_s, job.spec.outer_codec)
         if self._shared is None:
             with job.lock:
                 self.keep_shared()
@@ -85,6 +89,8 @@ class CotrainerSync:
         shared_version = self._shared.version
         self.swarm.share(job.learner.params, self._shared_state, priority(shared_version, job.identity.peer_id))
         target = self.swarm.cotrainers.sync_target(job.version, job.head_hash)
+        if target is None and split_winner:
+            target = self.swarm.cotrainers.get(split_winner)
         if target is not None and self.swarm.may_sync():
             self.sync_from(target)
 

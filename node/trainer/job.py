@@ -51,6 +51,7 @@ JOB_DONE = "job_done"   # the note of groups still pending when the job took its
 every group: no advantage, no gradient); "trained" means trained into a published version."""
 PROMPT_CACHE = 4096   # prompts' token ids kept by index (least recently used dropped first; JobRuntime.prompt_ids_of)
 _PROMPT_MEMO = 4096   # distinct prompts (text, chat turns) whose token ids JobRuntime.prompt_ids_of keeps
+SPLIT_WAIT_ROUNDS = 2   # DiLoCo: round timeouts a trainer that lost a split waits for the winner's version
 LEDGER_KEEP_MS = 3600 * 1000   # default of TrainerConfig.ledger_keep_s (tests check they agree)
 ReducerWrap = Callable[[GradientReducer], GradientReducer]
 
@@ -95,6 +96,7 @@ class JobRuntime:
         self.probation_ms, self.clock, self.wrap_reducer = probation_ms, clock, wrap_reducer
         self.probation_last_chance = probation_last_chance
         self.outer_drill = outer_drill
+        self.split: tuple[int, bytes, str, float] | None = None   # (version, own hash, winner, deadline)
         self.ledger_keep_ms = ledger_keep_ms
         self.dir = state_dir / "jobs" / job_id
         self.dataset = dataset
@@ -226,7 +228,7 @@ class JobRuntime:
     def ready(self) -> bool:
         """A batch of trainable groups inside the staleness window is pending: at least
         `spec.batch_min` (older ones are dropped)."""
-        if self.done:
+        if self.done or self.split is not None:   # a split this trainer lost: adopt first (`coordinate`)
             return False
         self.ledger.drop_stale(self.job_id, self.version - self.spec.max_async_level, note=STALE_AT_STEP)
         return self.ledger.count_pending(self.job_id, hold=self.trainable_cutoff()) >= self.spec.batch_min
@@ -332,6 +334,9 @@ class JobRuntime:
             swarm.counters["outer_bytes_sent"] += int(metrics["outer_bytes_sent"])
         self.learner.set_params(new_P)
         self.publish_outer(self.learner.state())
+        if self.outer.split_winner:   # members started from different outer states: the smallest id's wins
+            self.split = (self.version, self.head_hash, self.outer.split_winner,
+                          time.monotonic() + SPLIT_WAIT_ROUNDS * self.spec.outer_timeout_s)
         return metrics
 
     def publish_outer(self, state: ad.State) -> None:
@@ -398,9 +403,23 @@ class JobRuntime:
         self.cotraining = CotrainerSync(self, swarm)
 
     def coordinate(self, records: list[VerifiedRecord]) -> None:
-        """Multi-trainer housekeeping before a step (`CotrainerSync.coordinate`); no-op alone."""
-        if self.cotraining is not None:
-            self.cotraining.coordinate(records)
+        """Multi-trainer housekeeping before a step (`CotrainerSync.coordinate`); no-op alone.
+        After a DiLoCo round that found a split this trainer loses (`split`), it adopts the
+        winner's outer version before it steps again (or steps on after SPLIT_WAIT_ROUNDS round
+        timeouts without it)."""
+        if self.cotraining is None:
+            return
+        winner = ""
+        if self.split is not None:
+            version, own_hash, winner, deadline = self.split
+            if (self.version, self.head_hash) != (version, own_hash):
+                log.info("job %s: split at v%d repaired: adopted %s", self.job_id[:12], version, self.head_hash.hex()[:12])
+                self.split, winner = None, ""
+            elif time.monotonic() > deadline:
+                log.warning("job %s: split at v%d: %s's version never came; stepping on", self.job_id[:12], version,
+                            winner[:12])
+                self.split, winner = None, ""
+        self.cotraining.coordinate(records, split_winner=winner)
 
     def cotrainer_ids(self) -> tuple[str, ...]:
         """The live cotrainers (the keys this trainer's record vouches for)."""
