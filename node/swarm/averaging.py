@@ -132,8 +132,12 @@ class ExactAllReduceRunner(AllReduceRunner):
         if future is None:
             future = self._replies[part_index] = asyncio.get_event_loop().create_future()
             compression = self.tensor_part_container.compression
-            data = await asyncio.get_event_loop().run_in_executor(
-                None, lambda: compression.compress(averaged, CompressionInfo.from_tensor(averaged)))
+            try:
+                data = await asyncio.get_event_loop().run_in_executor(
+                    None, lambda: compression.compress(averaged, CompressionInfo.from_tensor(averaged)))
+            except BaseException as exc:   # every member waiting on this part fails now, not at the timeout
+                future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
+                raise
             future.set_result(data)
         return await future
 

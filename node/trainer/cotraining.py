@@ -136,6 +136,9 @@ class CotrainerSync:
         shared = self.swarm.load_state(job.learner.params, job.learner.optimizer_state()["param_groups"])
         if shared is None or not (shared.version > job.version or
                                   (shared.version == job.version and shared.adapter_hash != job.head_hash)):
+            log.info("job %s: cotrainer %s is at version %d, but no newer state came (%s)", job.job_id[:12],
+                     target.trainer_id[:12], target.head_version,
+                     "none" if shared is None else f"{shared.trainer_id[:12]}'s version {shared.version}")
             return False
         source = self.swarm.cotrainers.get(shared.trainer_id) or target
         try:

@@ -55,8 +55,11 @@ class OuterOptimizer:
         return diloco.tensors_hash(self.outer_P + self.momentum_P)
 
     def reset(self, params: Sequence[torch.Tensor], momentum_P: list[torch.Tensor] | None = None) -> None:
-        """Start the next round from `params` (an adopted outer state) and `momentum_P` (kept when None)."""
+        """Start the next round from `params` (an adopted outer state) and `momentum_P` (kept when
+        None). The carried quantisation error is dropped: it was the loss of a round whose outcome
+        this trainer has just replaced."""
         self.outer_P = [p.detach().float().clone() for p in params]
+        self.error_P = None
         if momentum_P is not None:
             self.momentum_P = [m.detach().float().clone() for m in momentum_P]
 
