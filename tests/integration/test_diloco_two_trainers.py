@@ -172,8 +172,9 @@ def test_two_diloco_trainers_agree_by_hash_after_every_outer_step(pair):
     for i, rs in enumerate(outer_rows):
         print(i, [(r["step"], r.get("outer_agreed"), r.get("outer_group_size"), round(r.get("outer_seconds", 0), 2))
                   for r in rs])
-    assert [int(r["step"]) for r in outer_rows[0]] == [int(r["step"]) for r in outer_rows[1]] == [3, 6, 9]
-    both = [v for k, v in enumerate((3, 6, 9)) if outer_rows[0][k]["outer_agreed"] == outer_rows[1][k]["outer_agreed"] == 1.0]
+    by_v = [{int(r["step"]): r for r in rs} for rs in outer_rows]   # a trainer that adopted skips some
+    assert all(set(b) <= {3, 6, 9} for b in by_v)
+    both = [v for v in (3, 6, 9) if all(b.get(v, {}).get("outer_agreed") == 1.0 for b in by_v)]
     for v in both:   # a round that agreed at both members: bit-identical adapters and outer state
         assert seen[0][v] == seen[1][v], f"outer version {v}: the trainers differ"
     # a round that ended differently is repaired: at the end both hold the same adapter
@@ -188,7 +189,7 @@ def test_two_diloco_trainers_agree_by_hash_after_every_outer_step(pair):
     inner = [jobs[i].store.state_at(2) for i in (0, 1)]
     assert inner[0] is not None and inner[1] is not None
     assert not all(torch.equal(inner[0][k], inner[1][k]) for k in inner[0])
-    assert all(rs[k]["outer_group_size"] == 2.0 for rs in outer_rows for k, v in enumerate((3, 6, 9)) if v in both)
+    assert all(b[v]["outer_group_size"] == 2.0 for b in by_v for v in both)
     n_bytes = 4 * sum(p.numel() for p in jobs[0].learner.params)
     print(f"rounds agreed at both members: {both}; bytes sent per trainer per round: "
           f"{[[r['outer_bytes_sent'] for r in rs] for rs in outer_rows]} (LoRA float32 size {n_bytes})")
@@ -196,21 +197,20 @@ def test_two_diloco_trainers_agree_by_hash_after_every_outer_step(pair):
         n_bytes = sum(p.numel() + 8 + 4 * 256 if p.numel() >= MIN_QUANTISED else 4 * p.numel()
                       for p in jobs[0].learner.params)
     assert both, "no outer round agreed at both members"
-    for rs in outer_rows:
-        for k, v in enumerate((3, 6, 9)):
-            if v in both:
-                assert 0.9 * n_bytes <= rs[k]["outer_bytes_sent"] <= 1.2 * n_bytes
+    for b in by_v:
+        for v in both:
+            assert 0.9 * n_bytes <= b[v]["outer_bytes_sent"] <= 1.2 * n_bytes
     for job, rs, before in zip(jobs, outer_rows, syncs):   # int8: each trainer carries what its own sent
         assert job.outer is not None and job.cotraining is not None   # parts lost (error feedback) after a
         carried = job.outer.error_P                                   # round it agreed in, else nothing
         adopted = job.cotraining.swarm.counters["state_syncs"] > before   # an adopted outer state carries none
-        if job.spec.outer_codec == "int8" and rs[-1]["outer_agreed"] == 1.0 and not adopted:
+        if job.spec.outer_codec == "int8" and rs[-1]["step"] == 9 and rs[-1]["outer_agreed"] == 1.0 and not adopted:
             assert carried is not None and any(float(e.abs().sum()) > 0 for e in carried)
             assert [e.shape for e in carried] == [p.shape for p in job.learner.params]
         else:
             assert carried is None or all(float(e.abs().sum()) == 0 for e in carried)
     assert jobs[0].cotraining is not None
-    assert jobs[0].cotraining.swarm.counters["outer_rounds"] == 3
+    assert jobs[0].cotraining.swarm.counters["outer_rounds"] == len(outer_rows[0])
     assert jobs[0].cotraining.swarm.counters["outer_solo"] == sum(r["outer_agreed"] == 0.0 for r in outer_rows[0])
 
 
