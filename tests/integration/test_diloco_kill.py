@@ -153,7 +153,7 @@ def test_a_trainer_killed_mid_outer_round_loses_nothing_and_rejoins(tmp_path: Pa
         try:
             _wait(lambda: agreed_at() is not None, 240, "trainer1 agreeing by hash again", log1)
         except pytest.fail.Exception:
-            if NO_STATE in log1.read_text():   # the known failure (docs/DILOCO.md, "What is left")
+            if NO_STATE in log1.read_text():   # the known failure (docs/DILOCO.md, "Not done")
                 pytest.xfail("the restarted trainer could not download the survivor's state over hivemind "
                              "(its libp2p streams to the survivor closed empty): it never rejoined")
             raise
