@@ -17,7 +17,7 @@ from swarmrl.node.local import netns
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(netns.missing() is not None, reason=f"no netns bed here: {netns.missing()}")]
-STEPS = 6
+STEPS = 16   # the slow-link worker needs ~7 s a lease; the tiny job steps in ~0.6 s
 
 
 def _beds() -> set[str]:
