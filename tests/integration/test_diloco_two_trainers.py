@@ -82,7 +82,6 @@ def _server(job: JobRuntime) -> tuple[grpc.Server, str]:
 
 
 ENDPOINTS: dict[str, str] = {}   # trainer id -> its adapter server
-SERVERS: list[grpc.Server] = []   # the pair's servers, for the test to start
 
 
 def _record(job: JobRuntime) -> VerifiedRecord:
@@ -108,7 +107,12 @@ def pair(request, tmp_path, model_cache):
         ledgers.append(ledger)
         server, ENDPOINTS[ident.peer_id] = _server(job)
         servers.append(server)
-    SERVERS[:] = servers
+    for job in jobs:   # hivemind starts its averager processes from the main thread only
+        job.coordinate([_record(j) for j in jobs])
+        assert job.cotraining is not None
+        job.cotraining.swarm.outer_rounds(job.learner.params, job.spec.outer_timeout_s, job.spec.outer_codec)
+    for server in servers:   # after the averagers' processes are forked
+        server.start()
     yield jobs
     for server in servers:
         server.stop(0)
@@ -155,12 +159,6 @@ def test_two_diloco_trainers_agree_by_hash_after_every_outer_step(pair):
     seen: list[dict[int, tuple[bytes, bytes]]] = [{}, {}]
     rows: list[list[dict]] = [[], []]
     errors: list[BaseException] = []
-    for job in jobs:   # hivemind starts its averager processes from the main thread only
-        job.coordinate([_record(j) for j in jobs])
-        assert job.cotraining is not None
-        job.cotraining.swarm.outer_rounds(job.learner.params, job.spec.outer_timeout_s, job.spec.outer_codec)
-    for server in SERVERS:
-        server.start()
     threads = [threading.Thread(target=_train, args=(job, jobs, seen[i], rows[i], errors, i))
                for i, job in enumerate(jobs)]
     for t in threads:
