@@ -47,6 +47,7 @@ def main() -> None:
     from swarmrl.node.tasks.builtin_jobs import builtin_job
     from swarmrl.node.trainer.learner import Learner
     from swarmrl.protocol import diloco
+    from swarmrl.protocol.identity import Identity
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny")
@@ -65,9 +66,10 @@ def main() -> None:
     template = [torch.zeros(s) for s in shapes]
     gen = torch.Generator().manual_seed(0)
     payloads = [[torch.randn(s, generator=gen) * 1e-3 for s in shapes] for _ in (0, 1)]
-    avgs = [GradientAveraging(d, "bench", template, matchmaking_s=2.0, chunk_timeout_s=60, allreduce_timeout_s=120)
-            for d in dhts]
-    outers = [OuterRounds(d, "bench", template, timeout_s=60.0, my_id=f"t{i}") for i, d in enumerate(dhts)]
+    keys = [Identity.generate() for _ in dhts]
+    avgs = [GradientAveraging(d, "bench", template, identity=k, matchmaking_s=2.0, chunk_timeout_s=60,
+                              allreduce_timeout_s=120) for d, k in zip(dhts, keys)]
+    outers = [OuterRounds(d, "bench", template, timeout_s=60.0, identity=k) for d, k in zip(dhts, keys)]
     start = diloco.tensors_hash(template)
     figures: dict[str, dict[str, float]] = {}
     try:

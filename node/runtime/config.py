@@ -166,7 +166,7 @@ class TrainerConfig(_Config):
     cotrainers: list[str] | None = None      # peer ids allowed to co-train our jobs (None = any that announces one)
     averaging_matchmaking_s: float = Field(2.0, gt=0)   # how long a round waits for cotrainers to join
     averaging_timeout_s: float = Field(60.0, gt=0)      # an averaging round (or a state download) gives up after this
-    fault: Literal["nan_gradients", "die_in_outer_round"] | None = None   # fault drill (local tests only)
+    fault: Literal["nan_gradients", "die_in_outer_round", "forged_outer_ticket"] | None = None   # fault drill (local tests only)
     # cooked credit books (local drills only; node/trainer/red_team.py, protocol.red_team_modes.TRAINER_MODES)
     red_team: Literal["omit_groups", "sybil_credit", "misstated_adapter"] | None = None
     # disk (node/trainer/retention.py): versions kept servable behind the job's staleness window

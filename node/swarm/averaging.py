@@ -24,6 +24,12 @@ Two changes to hivemind's butterfly all-reduce (`hivemind.averaging.allreduce`, 
    comes back with the round, for error feedback (`node.swarm.outer_round`).
 4. Did anyone contribute? Every member also averages a one-element tensor holding 1: the result
    is 1 when some member had weight > 0 and 0 when none had, the same at every member.
+5. Authenticated members. hivemind knows a member only by its libp2p peer id. Each trainer
+   gathers a ticket signed with its trainer key (`protocol.averaging_ticket`); a member whose
+   ticket is missing, forged, replayed or made for another round, or whose key the job does not
+   allow, reduces no part and none of its parts is taken: the round goes on without it, and the
+   outcome names it with the reason (`RoundOutcome.refused`). Points 1-3 run in
+   `node.swarm.exact_allreduce`.
 
 A round *agrees* when the member received every part from its reducer. Only then may a trainer
 use the result; otherwise it falls back to its own gradient (see `node.trainer.job`), and the
@@ -35,219 +41,110 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import signal
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import hivemind
 import torch
-from hivemind.averaging.allreduce import AllreduceException, AllReduceRunner, AveragingMode
+from hivemind.averaging.allreduce import AllreduceException, AveragingMode
 from hivemind.averaging.control import StepControl
 from hivemind.averaging.group_info import GroupInfo
 from hivemind.averaging.load_balancing import load_balance_peers
 from hivemind.averaging.matchmaking import MatchmakingException
-from hivemind.averaging.partition import BannedException, TensorPartContainer, TensorPartReducer
-from hivemind.compression import CompressionBase, CompressionInfo, NoCompression, deserialize_torch_tensor
-from hivemind.p2p import PeerID
-from hivemind.proto import averaging_pb2, runtime_pb2
+from hivemind.compression import CompressionBase, NoCompression
 from hivemind.utils import MPFuture
-from hivemind.utils.asyncio import (
-    aiter_with_timeout,
-    amap_in_executor,
-    as_aiter,
-    attach_event_on_finished,
-    azip,
-    enter_asynchronously,
-)
+from hivemind.utils.asyncio import as_aiter, azip, enter_asynchronously
+
+from swarmrl.node.swarm.admitting_matchmaking import admitting_matchmaking
+from swarmrl.node.swarm.exact_allreduce import ExactAllReduceRunner
+from swarmrl.protocol.averaging_ticket import TICKET_KEY, admit_members, make_ticket
+from swarmrl.protocol.identity import Identity
 
 log = logging.getLogger(__name__)
 
 VERSION_BITS = 32
 
 
-def _part_ok(part: torch.Tensor, weight: float) -> bool:
-    return math.isfinite(weight) and weight >= 0 and bool(torch.isfinite(part).all())
+@dataclass(frozen=True)
+class RoundAdmission:
+    """Which members an averager lets into its rounds (`protocol.averaging_ticket`): members whose
+    ticket for this job and `kind` verifies and, with `allowed` (trainer ids), names one of them."""
 
-
-class ZeroSafeReducer(TensorPartReducer):
-    """hivemind's reducer, except that a part nobody gave weight to averages to zeros."""
-
-    def check_current_part_finished(self) -> None:
-        """Once every sender's share of the current part is in, resolve it: the weighted sum over
-        the total weight, or zeros when the total weight is 0 (where hivemind divides 0 by 0: NaN).
-        """
-        assert self.current_part_accumulated_from <= self.num_current_senders
-        if self.current_part_accumulated_from == self.num_current_senders:
-            total = self.accumulator.div_(self.denominator) if self.denominator > 0 else self.accumulator.zero_()
-            self.current_part_future.set_result(total)
-            self.reset_accumulators()
-
-
-class ExactAllReduceRunner(AllReduceRunner):
-    """Butterfly all-reduce whose members end with identical averaged bits and whose reducers
-    leave non-finite parts out of the sum (see the module docstring)."""
-
-    tensor_part_reducer: TensorPartReducer   # hivemind's until __init__ swaps in a ZeroSafeReducer
-
-    def __init__(self, *, tensors: Sequence[torch.Tensor], peer_fractions: tuple[float, ...], **kwargs: Any) -> None:
-        container_kwargs = {k: kwargs[k] for k in ("compression", "part_size_bytes", "tensor_infos") if k in kwargs}
-        super().__init__(tensors=tensors, peer_fractions=peer_fractions, **kwargs)
-        index = self.ordered_peer_ids.index(self.peer_id)
-        self.tensor_part_container = TensorPartContainer(tensors, peer_fractions, return_deltas=False,
-                                                         **container_kwargs)
-        self.parts_for_local_averaging = self.tensor_part_container.get_raw_input_parts(index)
-        unused = self.tensor_part_reducer   # hivemind's, replaced below: retire it quietly
-        unused.current_part_future.cancel()
-        unused.finished.set()
-        self.tensor_part_reducer = ZeroSafeReducer(tuple(p.shape for p in self.parts_for_local_averaging),
-                                                   len(self.sender_peer_ids))
-        self.excluded: set[PeerID] = set()
-        self.failed_reducers: set[PeerID] = set()
-        self.bytes_sent = 0   # serialized AveragingData this member sent: its parts out, averaged parts back
-        self.local_tensors = list(tensors)
-        self.lossy = not isinstance(self.tensor_part_container.compression, NoCompression)
-        self.send_error = [torch.zeros_like(t) for t in tensors] if self.lossy else None
-        self._replies: dict[int, asyncio.Future[runtime_pb2.Tensor]] = {}
-
-    def _record_send_error(self, part: torch.Tensor, sent: runtime_pb2.Tensor) -> None:
-        """Add `part` - what the reducer will decode from `sent` to `send_error`, where `part` (a
-        view of one of the local tensors, as hivemind's partition makes them) lies."""
-        if self.send_error is None:
-            return
-        err = part.detach().float() - deserialize_torch_tensor(sent).float().view(-1)
-        ptr = part.data_ptr()
-        for t, e in zip(self.local_tensors, self.send_error):
-            start = t.data_ptr()
-            if start <= ptr < start + t.numel() * t.element_size():
-                offset = (ptr - start) // t.element_size()
-                e.view(-1)[offset: offset + part.numel()] = err
-                return
-
-    async def _reply_for(self, part_index: int, averaged: torch.Tensor) -> runtime_pb2.Tensor:
-        """The averaged part as every member receives it: serialized once (the first member to
-        ask computes it) with this runner's compression, so all members decode the same bytes."""
-        future = self._replies.get(part_index)
-        if future is None:
-            future = self._replies[part_index] = asyncio.get_event_loop().create_future()
-            compression = self.tensor_part_container.compression
-            try:
-                data = await asyncio.get_event_loop().run_in_executor(
-                    None, lambda: compression.compress(averaged, CompressionInfo.from_tensor(averaged)))
-            except BaseException as exc:   # every member waiting on this part fails now, not at the timeout
-                future.set_exception(exc if isinstance(exc, Exception) else RuntimeError(repr(exc)))
-                raise
-            future.set_result(data)
-        return await future
-
-    async def _generate_input_for_peer(self, peer_index: int) -> AsyncIterator[averaging_pb2.AveragingData]:
-        raw = [part for part, _ in self.tensor_part_container._input_parts_by_peer[peer_index]]
-        sent = 0
-        async for msg in super()._generate_input_for_peer(peer_index):
-            self.bytes_sent += msg.ByteSize()
-            if sent < len(raw):
-                self._record_send_error(raw[sent], msg.tensor_part)
-            sent += 1
-            yield msg
-
-    async def _accumulate_checked(self, sender: PeerID, sender_index: int, part_index: int,
-                                  part: torch.Tensor, weight: float) -> torch.Tensor:
-        shape = tuple(self.tensor_part_reducer.part_shapes[part_index]) if part_index < len(
-            self.tensor_part_reducer.part_shapes) else None
-        if tuple(part.shape) != shape or not _part_ok(part, weight):
-            if sender not in self.excluded:
-                log.warning("averaging: excluding %s: a part of shape %s (expected %s) or non-finite",
-                            sender, tuple(part.shape), shape)
-            self.excluded.add(sender)
-            part, weight = torch.zeros(shape or part.shape), 0.0
-        averaged: torch.Tensor = await self.tensor_part_reducer.accumulate_part(sender_index, part_index, part,
-                                                                              weight=weight)
-        return averaged
-
-    async def _communicate_with_peer(self, peer_id: PeerID) -> None:
-        peer_index = self.ordered_peer_ids.index(peer_id)
-        if peer_id == self.peer_id:
-            sender_index = self.sender_peer_ids.index(peer_id)
-            for part_index, part in enumerate(self.parts_for_local_averaging):
-                averaged = await self._accumulate_checked(peer_id, sender_index, part_index, part, self.weight)
-                reply = await self._reply_for(part_index, averaged)   # the bytes every member decodes
-                self.tensor_part_container.register_processed_part(peer_index, part_index,
-                                                                   deserialize_torch_tensor(reply))
-            return
-        try:
-            done_sending = asyncio.Event()
-            inputs = self._generate_input_for_peer(peer_index)
-            stream = await self._get_peer_stub(peer_id).rpc_aggregate_part(attach_event_on_finished(inputs, done_sending))
-            if self.should_delay_results(self.peer_id):
-                await done_sending.wait()
-            part_index = 0
-
-            def _decode(msg: averaging_pb2.AveragingData) -> torch.Tensor:
-                if msg.code != averaging_pb2.AVERAGED_PART:
-                    raise AllreduceException(f"{peer_id} sent {averaging_pb2.MessageCode.Name(msg.code)}")
-                part: torch.Tensor = deserialize_torch_tensor(msg.tensor_part)
-                if not bool(torch.isfinite(part).all()):
-                    raise AllreduceException(f"{peer_id} sent a non-finite averaged part")
-                return part
-
-            async for averaged in amap_in_executor(_decode, aiter_with_timeout(stream, self.reducer_timeout),
-                                                   max_prefetch=self.tensor_part_container.prefetch):
-                self.tensor_part_container.register_processed_part(peer_index, part_index, averaged)
-                part_index += 1
-            if part_index != self.tensor_part_container.num_parts_by_peer[peer_index]:
-                raise AllreduceException(f"{peer_id} sent {part_index} parts, expected "
-                                         f"{self.tensor_part_container.num_parts_by_peer[peer_index]}")
-        except BaseException as exc:
-            log.debug("averaging: reducer %s failed: %r", peer_id, exc)
-            self.failed_reducers.add(peer_id)
-            self.tensor_part_container.register_failed_reducer(peer_index)
-            raise
-
-    async def _accumulate_parts_streaming(
-        self, stream: AsyncIterator[averaging_pb2.AveragingData], sender_index: int
-    ) -> AsyncIterator[averaging_pb2.AveragingData]:
-        sender = self.sender_peer_ids[sender_index]
-        part_index = 0
-        try:
-            async for part, weight in amap_in_executor(
-                lambda msg: (deserialize_torch_tensor(msg.tensor_part), msg.weight),
-                stream, max_prefetch=self.tensor_part_container.prefetch,
-            ):
-                try:
-                    averaged = await self._accumulate_checked(sender, sender_index, part_index, part, weight)
-                    part_index += 1
-                except BannedException:
-                    break
-                data = await self._reply_for(part_index - 1, averaged)
-                reply = averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=data)
-                self.bytes_sent += reply.ByteSize()
-                yield reply
-        finally:
-            if part_index != self.tensor_part_reducer.num_parts:
-                await self._ban_sender(sender)
+    job_id: str
+    kind: str
+    allowed: frozenset[str] | None = None
 
 
 class ExactAverager(hivemind.averaging.DecentralizedAverager):
     """A DecentralizedAverager that runs `ExactAllReduceRunner`, copies (not adds) the result and
-    reports, per round, the gathered metadata, the excluded senders and failed reducers. Its
-    shareable state (for `load_state_from_peers`) comes from `state_provider`, set in the host."""
+    reports, per round, the gathered metadata, the excluded senders and failed reducers. With
+    `admission` set, a member whose ticket is refused takes no part in the round: it reduces no
+    part and its parts are not taken (hivemind's AUX mode with a zero share, so it is no sender);
+    the round goes on without it, and the outcome names it with the reason. Its shareable state
+    (for `load_state_from_peers`) comes from `state_provider`, set in the host."""
 
     state_provider: Callable[[], tuple[Any, Sequence[torch.Tensor]]] | None = None
+    admission: RoundAdmission | None = None
+
+    def run(self) -> None:
+        """The averager's process: with `admission`, its matchmaking leader turns away joiners
+        whose ticket is refused (`node.swarm.admitting_matchmaking`; patched in this process only)."""
+        if self.admission is not None:
+            a = self.admission
+            hivemind.averaging.averager.Matchmaking = admitting_matchmaking(a.job_id, a.kind, a.allowed)
+        super().run()
+
+    def _admit(self, group_info: GroupInfo, infos: list[Any],
+               modes: list[AveragingMode]) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+        """Check the members' tickets: (gathered metadata of the admitted members, with "trainer"
+        set to the trainer id that signed, refused peer -> reason); refused members' modes become AUX.
+
+        Raises:
+            AllreduceException: this averager's own ticket was refused.
+        """
+        infos = [i if isinstance(i, dict) else {} for i in infos]
+        peers = group_info.peer_ids
+        if self.admission is None:
+            return {p.to_base58(): i for p, i in zip(peers, infos)}, {}
+        mine = infos[peers.index(self.peer_id)]
+        checks = admit_members([(p.to_bytes(), i) for p, i in zip(peers, infos)], job_id=self.admission.job_id,
+                               kind=self.admission.kind, version=int(mine.get("version", -1)),
+                               allowed=self.admission.allowed)
+        admitted, refused = {}, {}
+        for k, (p, info, check) in enumerate(zip(peers, infos, checks)):
+            if check.admitted:
+                admitted[p.to_base58()] = {**{key: v for key, v in info.items() if key != TICKET_KEY},
+                                           "trainer": check.trainer_id}
+            else:
+                refused[p.to_base58()] = check.reason
+                modes[k] = AveragingMode.AUX
+        if self.peer_id.to_base58() in refused:
+            raise AllreduceException(f"our own ticket was refused: {refused[self.peer_id.to_base58()]}")
+        for p, why in refused.items():
+            log.warning("averaging %s: member %s refused: %s", self.prefix, p, why)
+        at_the_door = getattr(self._matchmaking, "refused", None)   # joiners this leader turned away
+        if at_the_door:
+            refused = {**at_the_door, **refused}
+            at_the_door.clear()
+        return admitted, refused
 
     async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs: Any) -> dict[str, Any]:
         try:
             bandwidths, mode_ids, user_bytes = zip(*map(self.serializer.loads, group_info.gathered))
-            gathered = {p.to_base58(): self.serializer.loads(b) for p, b in zip(group_info.peer_ids, user_bytes)}
-            modes = tuple(map(AveragingMode, mode_ids))
-            download = [b if m != AveragingMode.CLIENT else 0.0 for b, m in zip(bandwidths, modes)]
+            modes = list(map(AveragingMode, mode_ids))
+            gathered, refused = self._admit(group_info, [self.serializer.loads(b) for b in user_bytes], modes)
+            download = [0.0 if m == AveragingMode.CLIENT or p.to_base58() in refused else b
+                        for p, b, m in zip(group_info.peer_ids, bandwidths, modes)]
             fractions = await asyncio.get_event_loop().run_in_executor(
                 None, load_balance_peers, self.total_size, download, min_vector_size)
             async with enter_asynchronously(self.get_tensors()) as local_tensors:
-                runner = await self._run_exact(local_tensors, group_info, peer_fractions=fractions, **kwargs)
+                runner = await self._run_exact(local_tensors, group_info, peer_fractions=fractions,
+                                               modes=tuple(modes), **kwargs)
             return {"gathered": gathered, "excluded": sorted(p.to_base58() for p in runner.excluded),
                     "failed_reducers": sorted(p.to_base58() for p in runner.failed_reducers),
-                    "group_size": len(group_info.peer_ids), "bytes_sent": runner.bytes_sent,
+                    "group_size": len(gathered), "bytes_sent": runner.bytes_sent, "refused": refused,
                     "send_error": None if runner.send_error is None else [e.numpy() for e in runner.send_error]}
         except BaseException as exc:
             if isinstance(exc, Exception):
@@ -298,6 +195,11 @@ class RoundOutcome:
     reason: str = ""
     bytes_sent: int = 0                # tensor bytes this member put on the wire (protobuf-serialized parts)
     send_error: list[torch.Tensor] | None = None   # lossy rounds: what its sent parts lost to quantisation
+    refused: dict[str, str] = field(default_factory=dict)   # members whose ticket was refused: peer -> reason
+
+
+TicketSigner = Callable[[str, str, int, bytes, dict[str, Any]], bytes]
+"""(job id, kind, version, averager peer id, metadata) -> the signed ticket (`make_ticket`'s signature)."""
 
 
 @dataclass
@@ -320,20 +222,26 @@ class GradientAveraging:
 
     `template` gives the shapes (the LoRA parameters, in order). Rounds for version v use the
     group key `swarmrl_{kind}_{job}.0b{v as 32 bits}` (kind "avg": per-step gradients; "outer":
-    DiLoCo's pseudo-gradients, `node.swarm.outer_round`).
+    DiLoCo's pseudo-gradients, `node.swarm.outer_round`). Every round is authenticated: this
+    trainer gathers a ticket signed with `identity` and admits only members whose tickets hold for
+    this job and kind and, with `allowed` (trainer ids), name an allowed trainer
+    (`protocol.averaging_ticket`).
     """
 
-    def __init__(self, dht: hivemind.DHT, job_id: str, template: Sequence[torch.Tensor], *,
+    def __init__(self, dht: hivemind.DHT, job_id: str, template: Sequence[torch.Tensor], *, identity: Identity,
+                 allowed: frozenset[str] | None = None,
                  matchmaking_s: float = 2.0, chunk_timeout_s: float = 30.0, allreduce_timeout_s: float = 60.0,
                  kind: str = "avg", start_timeout_s: float = START_TIMEOUT_S,
                  compression: CompressionBase | None = None) -> None:
-        """compression: how tensor parts travel (default: float32, lossless).
+        """compression: how tensor parts travel (default: float32, lossless). `allowed` need not
+        hold this trainer's own id.
 
         Raises:
             AveragerStartFailed: the averager's process was not ready within `start_timeout_s`
                 (it is terminated; the caller may try again later)."""
-        self.dht = dht
+        self.dht, self.job_id, self.kind = dht, job_id, kind
         self.prefix = f"swarmrl_{kind}_{job_id}"
+        self.sign_ticket: TicketSigner = lambda *args: make_ticket(identity, *args)
         self.matchmaking_s = matchmaking_s
         self.allreduce_timeout_s = allreduce_timeout_s
         tensors = [torch.zeros_like(t, dtype=torch.float32, device="cpu") for t in template] + [torch.zeros(1)]
@@ -345,6 +253,8 @@ class GradientAveraging:
                 next_chunk_timeout=chunk_timeout_s, allreduce_timeout=allreduce_timeout_s, declare_state_period=10.0,
                 compression=compression or NoCompression(),
             )
+            self.averager.admission = RoundAdmission(
+                job_id, kind, None if allowed is None else frozenset(allowed) | {identity.peer_id})
             try:   # hivemind's start=True waits for the process with no limit: it hung a restarted trainer
                 self.averager.run_in_background(await_ready=True, timeout=start_timeout_s)
             except TimeoutError as exc:
@@ -376,12 +286,15 @@ class GradientAveraging:
         return any(k != mine and bool(v.value) for k, v in found.value.items())
 
     def begin(self, version: int, info: dict[str, Any], expected: int | None = None) -> PendingRound:
-        """Start matchmaking for `version` now; `info` is gathered from every member (msgpack-able).
+        """Start matchmaking for `version` now; `info` is gathered from every member (plain JSON-able
+        values; its "version" is set to `version`, and its signed ticket is added).
         With `expected` members (this trainer included), the group starts as soon as all joined."""
         if expected != self._target:
             self.averager.set_target_group_size(expected)
             self._target = expected
         self.averager.set_group_bits(self.bits(version))
+        info = {**info, "version": version}   # every member checks the tickets against its own round's version
+        info[TICKET_KEY] = self.sign_ticket(self.job_id, self.kind, version, self.peer_id.to_bytes(), info)
         timeout = self.matchmaking_s + 1.0
         control = self.averager.step(gather=info, weight=0.0, timeout=timeout, allow_retries=False,
                                      require_trigger=True, wait=False)
@@ -405,19 +318,21 @@ class GradientAveraging:
             return RoundOutcome(False, reason=_reason(exc))
         if result is None:
             return RoundOutcome(False, reason="no_group")
-        sent = int(result.get("bytes_sent", 0))
+        sent, refused = int(result.get("bytes_sent", 0)), dict(result.get("refused", {}))
         if result["failed_reducers"]:
             return RoundOutcome(False, group_size=result["group_size"], excluded=result["excluded"],
-                                gathered=result["gathered"], reason="failed_reducer", bytes_sent=sent)
+                                gathered=result["gathered"], reason="failed_reducer", bytes_sent=sent, refused=refused)
         with self.averager.get_tensors() as tensors:
             averaged = [t.detach().clone() for t in tensors]
         if not all(bool(torch.isfinite(t).all()) for t in averaged):
             return RoundOutcome(False, group_size=result["group_size"], excluded=result["excluded"],
-                                gathered=result["gathered"], reason="non_finite_result", bytes_sent=sent)
+                                gathered=result["gathered"], reason="non_finite_result", bytes_sent=sent,
+                                refused=refused)
         error = result.get("send_error")
         return RoundOutcome(True, averaged[:-1], bool(averaged[-1].item() > 0), result["group_size"],
                             result["excluded"], result["gathered"], bytes_sent=sent,
-                            send_error=None if error is None else [torch.from_numpy(e) for e in error[:-1]])
+                            send_error=None if error is None else [torch.from_numpy(e) for e in error[:-1]],
+                            refused=refused)
 
     def set_state(self, provider: Callable[[], tuple[Any, Sequence[torch.Tensor]]], priority: float) -> None:
         """Share this trainer's state (`provider()` -> (metadata, tensors)) with peers that load it;

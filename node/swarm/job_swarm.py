@@ -34,6 +34,7 @@ from swarmrl.node.swarm.dht import VerifiedRecord, find_jobs
 from swarmrl.node.swarm.outer_round import OuterRounds
 from swarmrl.node.swarm.trainer_state import SharedState, unpack
 from swarmrl.protocol.grpo.reduce import Reduced
+from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -43,13 +44,16 @@ SYNC_RETRY_S = 2.0
 class JobSwarm:
     """The cotrainers and the gradient averager of one job in one trainer (see module docstring)."""
 
-    def __init__(self, dht: hivemind.DHT, my_id: str, job_id: str, *, allowed: set[str] | None = None,
+    def __init__(self, dht: hivemind.DHT, identity: Identity, job_id: str, *, allowed: set[str] | None = None,
                  matchmaking_s: float = 2.0, timeout_s: float = 60.0, sync: dict[str, Any] | None = None,
                  inner_steps: int | None = None) -> None:
-        """sync: the job's sync settings (`JobSpec.sync_settings`); a cotrainer whose record's
+        """identity: this trainer's key (it signs the tickets of its averaging rounds);
+        allowed: the trainer ids it trains with (None: any trainer key);
+        sync: the job's sync settings (`JobSpec.sync_settings`); a cotrainer whose record's
         spec differs in them is refused. inner_steps: DiLoCo's H (None: per-step averaging)."""
-        self.dht, self.my_id, self.job_id = dht, my_id, job_id
-        self.cotrainers = Cotrainers(job_id, my_id, allowed, sync=sync, inner_steps=inner_steps)
+        self.dht, self.identity, self.my_id, self.job_id = dht, identity, identity.peer_id, job_id
+        self.allowed = None if allowed is None else frozenset(allowed)
+        self.cotrainers = Cotrainers(job_id, self.my_id, allowed, sync=sync, inner_steps=inner_steps)
         self.matchmaking_s, self.timeout_s = matchmaking_s, timeout_s
         self.averaging: GradientAveraging | None = None
         self.outer: OuterRounds | None = None
@@ -73,7 +77,8 @@ class JobSwarm:
         if self.averaging is None:
             logging.getLogger("hivemind.averaging.averager").setLevel(logging.CRITICAL)  # lonely rounds are normal
             try:
-                self.averaging = GradientAveraging(self.dht, self.job_id, params, matchmaking_s=self.matchmaking_s,
+                self.averaging = GradientAveraging(self.dht, self.job_id, params, identity=self.identity,
+                                                   allowed=self.allowed, matchmaking_s=self.matchmaking_s,
                                                    chunk_timeout_s=self.timeout_s / 2,
                                                    allreduce_timeout_s=self.timeout_s)
             except AveragerStartFailed as exc:
@@ -91,14 +96,19 @@ class JobSwarm:
         step goes alone)."""
         if self.outer is None:
             try:
-                self.outer = OuterRounds(self.dht, self.job_id, params, timeout_s=timeout_s, my_id=self.my_id,
-                                         codec=codec)
+                self.outer = OuterRounds(self.dht, self.job_id, params, timeout_s=timeout_s, identity=self.identity,
+                                         allowed=self.allowed, codec=codec)
             except AveragerStartFailed as exc:
                 self.counters["averager_start_failed"] += 1
                 log.warning("job %s: outer rounds: %s; this outer step goes alone", self.job_id[:12], exc)
                 return None
             log.info("job %s: outer rounds with %s", self.job_id[:12], [c.trainer_id[:12] for c in self.cotrainers.live()])
         return self.outer
+
+    def count_refused(self, refused: dict[str, str]) -> None:
+        """Count the members a round left out, by reason (`JobStatus.averaging_refused`)."""
+        for why in refused.values():
+            self.counters[f"refused:{why}"] += 1
 
     def peer_round_open(self, version: int) -> bool:
         """Whether a cotrainer has opened the averaging round of `version` (so this trainer should
@@ -160,6 +170,9 @@ class JobSwarm:
         st.state_syncs = self.counters["state_syncs"]
         st.sync_bytes_sent = self.counters["averaging_bytes_sent"] + self.counters["outer_bytes_sent"]
         st.outer_rounds = self.counters["outer_rounds"] - self.counters["outer_solo"]
+        for key, n in self.counters.items():
+            if key.startswith("refused:"):
+                st.averaging_refused[key.removeprefix("refused:")] = n
 
     def shutdown(self) -> None:
         """Stop the gradient averager and the outer rounds' averager, where started."""
@@ -207,6 +220,7 @@ class AveragingReduce:
                      time.monotonic() - self.t0, outcome.reason or "agreed")
         swarm.counters["averaging_excluded"] += len(outcome.excluded)
         swarm.counters["averaging_bytes_sent"] += outcome.bytes_sent
+        swarm.count_refused(outcome.refused)
         if outcome.group_size < self.expected:
             swarm.cotrainers.probe(swarm.job_id)   # someone missed the round: is it still there?
         metrics = {"averaged_with": float(outcome.group_size - 1) if outcome.agreed else 0.0,

@@ -19,6 +19,12 @@ to its next pseudo-gradient (error feedback, as in 1-bit SGD, Seide et al. 2014,
 Karimireddy et al. 2019, arXiv:1901.09847), so the loss does not accumulate over rounds. The
 reducer's quantisation of the averaged part is the same at every member and is not fed back.
 
+Rounds are authenticated (`node.swarm.averaging`, point 5): each member's signed ticket ties its
+libp2p peer to a trainer key of the job, and a member whose ticket is refused (or whose payload
+has the wrong shape or a non-finite value) is left out of the round, which goes on without it;
+`OuterOutcome.refused` names each one with its reason. The start states and the split's winner
+are read from admitted members only, under the trainer ids their tickets prove.
+
 A round waits `timeout_s` for the expected members (the trainer and its live cotrainers) and
 starts as soon as all of them joined; a member that never comes is left out when the time is
 up, so a dead or slow trainer stalls the others by at most `timeout_s`.
@@ -29,14 +35,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import hivemind
 import torch
 from hivemind.compression import CompressionBase, CompressionInfo, NoCompression, Uniform8BitQuantization
 from hivemind.proto import runtime_pb2
 
-from swarmrl.node.swarm.averaging import GradientAveraging
+from swarmrl.node.swarm.averaging import GradientAveraging, RoundOutcome
+from swarmrl.protocol.identity import Identity
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +62,8 @@ class OuterOutcome:
     split_winner: when the members started from different outer states (a split), the smallest
         trainer id among them if it is not this trainer's (this trainer then adopts that one's
         outer version, `node.trainer.job`); "" otherwise.
+    refused: members left out of the round: peer -> reason (a ticket's, `protocol.averaging_ticket`,
+        or "bad_payload": a part of the wrong shape or not finite).
     """
 
     agreed: bool
@@ -64,6 +73,7 @@ class OuterOutcome:
     reason: str = ""
     send_error_P: list[torch.Tensor] | None = None
     split_winner: str = ""
+    refused: dict[str, str] = field(default_factory=dict)
 
 
 MIN_QUANTISED = 256   # parts with fewer elements travel as float32 (a 1-element std is undefined)
@@ -101,14 +111,16 @@ class OuterRounds:
     """One DiLoCo job's outer rounds in one trainer (see the module docstring)."""
 
     def __init__(self, dht: hivemind.DHT, job_id: str, template: Sequence[torch.Tensor], *, timeout_s: float,
-                 my_id: str, codec: str = "float32") -> None:
-        """codec: "int8" (`OuterInt8`) or "float32".
+                 identity: Identity, allowed: frozenset[str] | None = None, codec: str = "float32") -> None:
+        """codec: "int8" (`OuterInt8`) or "float32"; identity: this trainer's key (its tickets);
+        allowed: the trainer ids admitted to its rounds (None: any trainer key).
 
         Raises:
             AveragerStartFailed: the averager's process did not start in time.
         """
-        self.my_id = my_id
-        self.averaging = GradientAveraging(dht, job_id, template, matchmaking_s=timeout_s,
+        self.my_id = identity.peer_id
+        self.averaging = GradientAveraging(dht, job_id, template, identity=identity, allowed=allowed,
+                                           matchmaking_s=timeout_s,
                                            chunk_timeout_s=timeout_s / 2, allreduce_timeout_s=timeout_s, kind="outer",
                                            compression=OuterInt8() if codec == "int8" else None)
 
@@ -124,18 +136,24 @@ class OuterRounds:
         log.info("outer round v%d: %s, %d of %d expected members, %.1fs, %d bytes sent", version,
                  "agreed" if got.agreed else f"failed ({got.reason})", got.group_size, expected,
                  time.monotonic() - t0, got.bytes_sent)
+        refused = _refused(got)
         if not got.agreed:
-            return OuterOutcome(False, None, got.group_size, got.bytes_sent, got.reason or "failed")
+            return OuterOutcome(False, None, got.group_size, got.bytes_sent, got.reason or "failed", refused=refused)
         starts = {str(g.get("start", "")) for g in got.gathered.values()}
         if starts != {start_hash.hex()}:
             winner = min((str(g.get("trainer", "")) for g in got.gathered.values()), default="")
             log.warning("outer round %d: members started from %d different outer states (a split); %s", version,
                         len(starts), f"adopting {winner[:12]}'s" if winner < self.my_id else "the others adopt ours")
             return OuterOutcome(False, None, got.group_size, got.bytes_sent, "different_start",
-                                split_winner=winner if winner and winner < self.my_id else "")
+                                split_winner=winner if winner and winner < self.my_id else "", refused=refused)
         return OuterOutcome(True, got.averaged if got.contributed else None, got.group_size, got.bytes_sent,
-                            send_error_P=got.send_error)
+                            send_error_P=got.send_error, refused=refused)
 
     def shutdown(self) -> None:
         """Stop the averager's process (best effort)."""
         self.averaging.shutdown()
+
+
+def _refused(got: RoundOutcome) -> dict[str, str]:
+    """The members a round left out: refused tickets, then senders of a bad payload."""
+    return {**{p: "bad_payload" for p in got.excluded}, **got.refused}

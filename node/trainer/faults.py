@@ -10,6 +10,11 @@ round's group (its cotrainers start the all-reduce with it), then, before its pa
 SIGKILLs its whole process group (itself, its DHT and its averager's process), as a crashed
 machine would. The others must finish the round within its
 timeout, and the trainer, restarted without the drill, must rejoin from its checkpoint.
+
+`forged_outer_ticket` is a DiLoCo trainer that is not who its round ticket says: its tickets'
+signatures do not verify, and the pseudo-gradient it sends is poison (every value 1000, with
+weight 1). Its cotrainers must refuse it (`bad_signature`), count it, and agree among themselves
+on their own average.
 """
 
 from __future__ import annotations
@@ -25,9 +30,11 @@ import torch
 
 from swarmrl.node.trainer.outer import OuterAverager
 from swarmrl.protocol.grpo.reduce import GradientReducer, Reduced
+from swarmrl.protocol.pb import swarm_pb2 as pb
 
 log = logging.getLogger(__name__)
-FAULTS = ("nan_gradients", "die_in_outer_round")
+FAULTS = ("nan_gradients", "die_in_outer_round", "forged_outer_ticket")
+POISON = 1000.0       # every value of the forged trainer's pseudo-gradient
 DIE_AT_ROUND = 2      # the outer round (counted in this process) the drill dies in
 DIE_AFTER_S = 3.0     # seconds after it joined the round's matchmaking: the group has formed by then
 
@@ -80,6 +87,38 @@ class DieInOuterRound:
         return Dying()
 
 
+def forge(ticket: bytes) -> bytes:
+    """`ticket` (a serialized signed envelope) with its signature's first byte flipped."""
+    envelope = pb.Signed.FromString(ticket)
+    sig = bytearray(envelope.signature)
+    sig[0] ^= 0xFF
+    envelope.signature = bytes(sig)
+    return envelope.SerializeToString(deterministic=True)
+
+
+class ForgedOuterTicket:
+    """The `forged_outer_ticket` drill (module docstring): wraps each outer step's averager."""
+
+    def wrap(self, inner: OuterAverager) -> OuterAverager:
+        """`inner`, signing forged tickets and sending a poisoned pseudo-gradient."""
+        averaging = getattr(inner, "averaging", None)   # `OuterRounds`: its tickets are signed here
+        if averaging is not None and not getattr(averaging, "forging", False):
+            sign = averaging.sign_ticket
+            averaging.sign_ticket = lambda *args: forge(sign(*args))
+            averaging.forging = True
+
+        class Forged:
+            def run(self, version: int, start_hash: bytes, delta_P: list[torch.Tensor], weight: float,
+                    expected: int) -> Any:
+                log.warning("fault drill forged_outer_ticket: a forged ticket and a poisoned pseudo-gradient")
+                return inner.run(version, start_hash, [torch.full_like(d, POISON) for d in delta_P], 1.0, expected)
+
+        return Forged()
+
+
+OuterDrill = DieInOuterRound | ForgedOuterTicket
+
+
 def _check(fault: str | None) -> None:
     if fault is not None and fault not in FAULTS:
         raise ValueError(f"unknown trainer fault {fault!r}; known: {', '.join(FAULTS)}")
@@ -95,11 +134,13 @@ def reducer_wrap(fault: str | None) -> Callable[[GradientReducer], GradientReduc
     return NaNGradients if fault == "nan_gradients" else None
 
 
-def outer_drill(fault: str | None) -> DieInOuterRound | None:
+def outer_drill(fault: str | None) -> OuterDrill | None:
     """The outer-round drill of a trainer fault (None: no drill, or not an outer round's).
 
     Raises:
         ValueError: an unknown fault name.
     """
     _check(fault)
+    if fault == "forged_outer_ticket":
+        return ForgedOuterTicket()
     return DieInOuterRound() if fault == "die_in_outer_round" else None

@@ -65,7 +65,7 @@ class Trainer:
         runtime.store.retention = Retention(self.cfg.keep_versions, self.cfg.keep_snapshots, spec.max_async_level)
         if self.dht is not None:
             runtime.attach_swarm(JobSwarm(
-                self.dht, self.identity.peer_id, job_id,
+                self.dht, self.identity, job_id,
                 allowed=set(self.cfg.cotrainers) if self.cfg.cotrainers is not None else None,
                 matchmaking_s=self.cfg.averaging_matchmaking_s, timeout_s=self.cfg.averaging_timeout_s,
                 sync=spec.sync_settings(), inner_steps=spec.inner_steps if spec.diloco else None))

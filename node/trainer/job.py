@@ -26,7 +26,7 @@ from swarmrl.node.trainer.adapter_store import AdapterStore, StoredUpdate
 from swarmrl.node.trainer.admission import Admission
 from swarmrl.node.trainer.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from swarmrl.node.trainer.cotraining import CotrainerSync
-from swarmrl.node.trainer.faults import DieInOuterRound
+from swarmrl.node.trainer.faults import OuterDrill
 from swarmrl.node.trainer.learner import Learner
 from swarmrl.node.trainer.ledger import Ledger, PendingGroup, Probation
 from swarmrl.node.trainer.outer import OuterAverager, OuterOptimizer
@@ -87,7 +87,7 @@ class JobRuntime:
         monotonic: Callable[[], float] | None = None,
         wrap_reducer: ReducerWrap | None = None, dataset: bytes | None = None, device: str = "cpu",
         ledger_keep_ms: int = LEDGER_KEEP_MS, weight: float | None = None,
-        statement_drill: StatementDrill | None = None, outer_drill: DieInOuterRound | None = None,
+        statement_drill: StatementDrill | None = None, outer_drill: OuterDrill | None = None,
     ) -> None:
         self.weight = spec.weight if weight is None else weight
         if not 0 < self.weight <= spec.weight:
@@ -332,6 +332,7 @@ class JobRuntime:
             swarm.counters["outer_rounds"] += 1
             swarm.counters["outer_solo"] += int(not metrics["outer_agreed"])
             swarm.counters["outer_bytes_sent"] += int(metrics["outer_bytes_sent"])
+            swarm.count_refused(self.outer.refused)
         self.learner.set_params(new_P)
         self.publish_outer(self.learner.state())
         if self.outer.split_winner:   # members started from different outer states: the smallest id's wins

@@ -49,6 +49,7 @@ class OuterOptimizer:
         self.momentum_P = diloco.zero_momentum(params)
         self.error_P: list[torch.Tensor] | None = None   # error feedback of int8 rounds (own, never averaged)
         self.split_winner = ""   # the last round found a split that this cotrainer wins (we adopt its version)
+        self.refused: dict[str, str] = {}   # the last round's members left out: peer -> reason
 
     def start_hash(self) -> bytes:
         """The hash of the outer state a round starts from (outer parameters, then momentum)."""
@@ -94,7 +95,7 @@ class OuterOptimizer:
         delta_P = diloco.pseudo_gradient(self.outer_P, inner_P)
         if self.error_P is not None and averager is not None:   # error feedback: what the last round lost
             delta_P = [d + e for d, e in zip(delta_P, self.error_P)]
-        self.error_P, self.split_winner = None, ""
+        self.error_P, self.split_winner, self.refused = None, "", {}
         finite = all(bool(torch.isfinite(d).all()) for d in delta_P)
         mine = delta_P if finite else [torch.zeros_like(d) for d in delta_P]
         metrics = {"outer_step": 1.0, "outer_group_size": 1.0, "outer_bytes_sent": 0.0, "outer_agreed": 0.0}
@@ -107,6 +108,8 @@ class OuterOptimizer:
                 avg_P = got.delta_P
                 self.error_P = getattr(got, "send_error_P", None)
             self.split_winner = str(getattr(got, "split_winner", ""))
+            self.refused = dict(getattr(got, "refused", {}))
+            metrics["outer_refused"] = float(len(self.refused))
         if avg_P is not None:
             step = diloco.nesterov_step(self.outer_P, avg_P, self.momentum_P, lr=self.lr, momentum=self.momentum)
             self.outer_P, self.momentum_P = step.params_P, step.momentum_P

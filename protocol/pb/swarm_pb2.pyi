@@ -973,6 +973,49 @@ class UpdateRequest(_message.Message):
 Global___UpdateRequest: _TypeAlias = UpdateRequest  # noqa: Y015
 
 @_typing.final
+class AveragingTicket(_message.Message):
+    """---- averaging between trainers --------------------------------------------------------------
+
+    Signed by a trainer (domain "averaging-ticket") and gathered with its metadata when it joins an
+    averaging round of its job's trainers (per-step gradients or DiLoCo's outer rounds), so every
+    member can tell which trainer key stands behind each libp2p peer of the group
+    (`protocol.averaging_ticket`).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    AVERAGER_PEER_ID_FIELD_NUMBER: _builtins.int
+    INFO_SHA256_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    kind: _builtins.str
+    """"avg" (per-step gradients) | "outer" (DiLoCo pseudo-gradients)"""
+    version: _builtins.int
+    """the round's version (its matchmaking key)"""
+    averager_peer_id: _builtins.bytes
+    """libp2p peer id (bytes) of the averager that gathers this ticket"""
+    info_sha256: _builtins.bytes
+    """sha256 of the rest of the gathered metadata, canonical JSON"""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        kind: _builtins.str = ...,
+        version: _builtins.int = ...,
+        averager_peer_id: _builtins.bytes = ...,
+        info_sha256: _builtins.bytes = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["averager_peer_id", b"averager_peer_id", "info_sha256", b"info_sha256", "job_id", b"job_id", "kind", b"kind", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AveragingTicket: _TypeAlias = AveragingTicket  # noqa: Y015
+
+@_typing.final
 class JobStatusRequest(_message.Message):
     """---- status ---------------------------------------------------------------------------------"""
 
@@ -1280,6 +1323,26 @@ class JobStatus(_message.Message):
         def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
         def WhichOneof(self, oneof_group: _Never) -> None: ...
 
+    @_typing.final
+    class AveragingRefusedEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     JOB_ID_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     POLICY_VERSION_FIELD_NUMBER: _builtins.int
@@ -1314,6 +1377,7 @@ class JobStatus(_message.Message):
     REFUSED_FIELD_NUMBER: _builtins.int
     SYNC_BYTES_SENT_FIELD_NUMBER: _builtins.int
     OUTER_ROUNDS_FIELD_NUMBER: _builtins.int
+    AVERAGING_REFUSED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     state: _builtins.str
     """"running" | "done" | "unknown" """
@@ -1387,6 +1451,10 @@ class JobStatus(_message.Message):
     def refused(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """calls refused before admission (rate_limited_peer, rate_limited_address), this run"""
 
+    @_builtins.property
+    def averaging_refused(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """round members refused here, by reason (tickets, payloads), this run"""
+
     def __init__(
         self,
         *,
@@ -1424,10 +1492,11 @@ class JobStatus(_message.Message):
         refused: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
         sync_bytes_sent: _builtins.int = ...,
         outer_rounds: _builtins.int = ...,
+        averaging_refused: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers", "serving_workers", b"serving_workers"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers", "adapter_bytes", b"adapter_bytes", "adapter_hash", b"adapter_hash", "averaging_excluded", b"averaging_excluded", "averaging_rounds", b"averaging_rounds", "averaging_solo", b"averaging_solo", "cotrainers", b"cotrainers", "delta_bytes", b"delta_bytes", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_dropped_banned", b"groups_dropped_banned", "groups_no_signal", b"groups_no_signal", "groups_on_probation", b"groups_on_probation", "groups_rejected", b"groups_rejected", "groups_trained", b"groups_trained", "history", b"history", "holder_versions", b"holder_versions", "job_id", b"job_id", "outer_rounds", b"outer_rounds", "peers", b"peers", "policy_version", b"policy_version", "recent_verdicts", b"recent_verdicts", "refused", b"refused", "serving_workers", b"serving_workers", "spec_json", b"spec_json", "state", b"state", "state_syncs", b"state_syncs", "step", b"step", "sync_bytes_sent", b"sync_bytes_sent", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "unserved_reason", b"unserved_reason", "upload_bytes", b"upload_bytes", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers", "adapter_bytes", b"adapter_bytes", "adapter_hash", b"adapter_hash", "averaging_excluded", b"averaging_excluded", "averaging_refused", b"averaging_refused", "averaging_rounds", b"averaging_rounds", "averaging_solo", b"averaging_solo", "cotrainers", b"cotrainers", "delta_bytes", b"delta_bytes", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_dropped_banned", b"groups_dropped_banned", "groups_no_signal", b"groups_no_signal", "groups_on_probation", b"groups_on_probation", "groups_rejected", b"groups_rejected", "groups_trained", b"groups_trained", "history", b"history", "holder_versions", b"holder_versions", "job_id", b"job_id", "outer_rounds", b"outer_rounds", "peers", b"peers", "policy_version", b"policy_version", "recent_verdicts", b"recent_verdicts", "refused", b"refused", "serving_workers", b"serving_workers", "spec_json", b"spec_json", "state", b"state", "state_syncs", b"state_syncs", "step", b"step", "sync_bytes_sent", b"sync_bytes_sent", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "unserved_reason", b"unserved_reason", "upload_bytes", b"upload_bytes", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__serving_workers: _TypeAlias = _typing.Literal["serving_workers"]  # noqa: Y015
     _WhichOneofArgType__serving_workers: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers"]  # noqa: Y015

@@ -101,7 +101,7 @@ def pair(request, tmp_path, model_cache):
         ident = Identity.from_seed(bytes([65 + i]) * 32)
         ledger = Ledger(tmp_path / f"t{i}" / "ledger.sqlite")
         job = JobRuntime(JOB, spec, identity=ident, model_path=model, state_dir=tmp_path / f"t{i}", ledger=ledger)
-        job.attach_swarm(JobSwarm(dht, ident.peer_id, JOB, sync=spec.sync_settings(), inner_steps=spec.inner_steps,
+        job.attach_swarm(JobSwarm(dht, ident, JOB, sync=spec.sync_settings(), inner_steps=spec.inner_steps,
                                   matchmaking_s=1.0, timeout_s=10.0))
         jobs.append(job)
         ledgers.append(ledger)

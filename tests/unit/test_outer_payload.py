@@ -11,7 +11,7 @@ import torch
 from hivemind.compression import CompressionInfo, deserialize_torch_tensor
 from hivemind.proto import runtime_pb2
 
-from swarmrl.node.swarm.averaging import ExactAllReduceRunner, ZeroSafeReducer
+from swarmrl.node.swarm.exact_allreduce import ExactAllReduceRunner, ZeroSafeReducer
 from swarmrl.node.swarm.outer_round import MIN_QUANTISED, OuterInt8
 
 

@@ -18,6 +18,7 @@ from swarmrl.node.swarm.dht import VerifiedRecord, start_dht, visible_maddrs
 from swarmrl.node.swarm.trainer_state import SharedState, pack, priority, unpack
 from swarmrl.node.trainer.leases import LeaseBook
 from swarmrl.protocol import adapter as ad
+from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 SHAPES = [(300, 7), (5000,)]
@@ -27,7 +28,8 @@ SHAPES = [(300, 7), (5000,)]
 def averagers():
     first = start_dht()
     dhts = [first] + [start_dht(visible_maddrs(first)) for _ in range(2)]
-    avgs = [GradientAveraging(d, "job1", [torch.zeros(s) for s in SHAPES], matchmaking_s=1.0, chunk_timeout_s=5,
+    avgs = [GradientAveraging(d, "job1", [torch.zeros(s) for s in SHAPES], identity=Identity.generate(),
+                              matchmaking_s=1.0, chunk_timeout_s=5,
                               allreduce_timeout_s=10) for d in dhts]
     yield avgs
     for a in avgs:
@@ -74,7 +76,7 @@ def test_starting_an_averager_keeps_this_process_s_ctrl_c_handler():
     previous = signal.signal(signal.SIGINT, lambda signum, _frame: seen.append(signum))
     dht = start_dht()
     try:
-        avg = GradientAveraging(dht, "job-sigint", [torch.zeros(3)], matchmaking_s=1.0)
+        avg = GradientAveraging(dht, "job-sigint", [torch.zeros(3)], identity=Identity.generate(), matchmaking_s=1.0)
         try:
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.1)   # the handler runs between bytecodes of the main thread
@@ -93,7 +95,8 @@ def test_an_averager_that_is_not_ready_in_time_is_ended_and_says_so():
     before = {p.pid for p in multiprocessing.active_children()}
     try:
         with pytest.raises(AveragerStartFailed, match="not ready after"):
-            GradientAveraging(dht, "job-slow", [torch.zeros(3)], matchmaking_s=1.0, start_timeout_s=1e-6)
+            GradientAveraging(dht, "job-slow", [torch.zeros(3)], identity=Identity.generate(), matchmaking_s=1.0,
+                              start_timeout_s=1e-6)
         left = [p for p in multiprocessing.active_children() if p.pid not in before]
         assert not left, left
     finally:
