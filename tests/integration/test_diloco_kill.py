@@ -18,14 +18,12 @@ never rejoins; the test is then marked xfail, naming it, after every check befor
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from pathlib import Path
 
 import pytest
 
-from swarmrl.node.local.processes import LocalSwarm
 from swarmrl.node.submitter.client import job_status, sign_job, submit_signed
 from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.node.worker.receipts import ReceiptStore, receipts_path
@@ -33,21 +31,12 @@ from swarmrl.protocol import diloco
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.signing import signer_id
+from tests.integration.diloco_swarm import DilocoSwarm, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 H, STEPS, OUTER_TIMEOUT_S = 4, 64, 15.0
 TRAINERS = ("trainer0", "trainer1")
 NO_STATE = "but no newer state came"   # cotraining.sync_from's line when a cotrainer ahead served no state
-
-
-def _wait(cond, timeout_s: float, what: str, log: Path | None = None) -> None:
-    """Poll `cond` until it holds (`timeout_s`: a ceiling against a hang, not a speed bound)."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            tail = f"\n--- {log.name}\n{log.read_text()[-3000:]}" if log is not None and log.exists() else ""
-            pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}{tail}")
-        time.sleep(0.3)
 
 
 def _outer_hashes(state_dir: Path, job_id: str) -> dict[int, bytes]:
@@ -86,25 +75,16 @@ def _ledger_prompts(state_dir: Path, job_id: str) -> set[int]:
 
 
 def test_a_trainer_killed_mid_outer_round_loses_nothing_and_rejoins(tmp_path: Path, model_cache: Path) -> None:
-    work, procs = tmp_path, LocalSwarm(tmp_path)
-    keys = {n: Identity.generate() for n in (*TRAINERS, "worker0", "worker1", "submitter")}
-    for n, k in keys.items():
-        k.save(work / "keys" / f"{n}.key")
+    work = tmp_path
+    swarm = DilocoSwarm(work, model_cache, [*TRAINERS, "worker0", "worker1"])
+    procs, keys = swarm.procs, swarm.keys
     ids = [keys[t].peer_id for t in TRAINERS]
 
     def start_trainer(name: str, rank: int, extra: list[str]) -> str:
-        ready = work / f"{name}.ready"
-        ready.unlink(missing_ok=True)
-        procs.start(name, "trainer", [
-            f"net.initial_peers={json.dumps(peers)}", f"cache_dir={json.dumps(str(model_cache))}",
-            f"key={json.dumps(str(work / 'keys' / (name + '.key')))}", f"state_dir={json.dumps(str(work / name))}",
-            f"ready_file={json.dumps(str(ready))}", f"prompt_shard={json.dumps([rank, 2])}",
-            f"cotrainers={json.dumps(ids)}", "averaging_matchmaking_s=1.0", "averaging_timeout_s=10", *extra])
-        return str(procs.wait_ready(name, ready, timeout_s=180)["endpoint"])
+        return swarm.start_trainer(name, (rank, 2), ids, extra)
 
     try:
-        procs.start("bootstrap", "bootstrap", [f"ready_file={json.dumps(str(work / 'bootstrap.ready'))}"])
-        peers = procs.wait_ready("bootstrap", work / "bootstrap.ready")["maddrs"]
+        swarm.start_bootstrap()
         ep0 = start_trainer("trainer0", 0, [])
         ep1 = start_trainer("trainer1", 1, ['fault="die_in_outer_round"'])
         spec = builtin_job("tiny", model_cache, steps=STEPS, batch_groups=2, prompts_per_lease=2, sync="diloco",
@@ -113,11 +93,7 @@ def test_a_trainer_killed_mid_outer_round_loses_nothing_and_rejoins(tmp_path: Pa
         job_id = submit_signed(ep0, envelope)
         assert submit_signed(ep1, envelope) == job_id
         for i, w in enumerate(("worker0", "worker1")):
-            procs.start(w, "worker", [
-                f"net.initial_peers={json.dumps(peers)}", f"cache_dir={json.dumps(str(model_cache))}",
-                f"key={json.dumps(str(work / 'keys' / (w + '.key')))}", "base_model=\"tiny\"",
-                f"ready_file={json.dumps(str(work / (w + '.ready')))}", "sync_poll_s=0.3", "peer_wait_s=0.5",
-                f"prefer_trainer={json.dumps(ids[i])}"])
+            swarm.start_worker(w, ids[i])
 
         # trainer1 dies in its second outer round (version 2H), its whole process group with it
         killed = procs.procs["trainer1"]
@@ -133,7 +109,7 @@ def test_a_trainer_killed_mid_outer_round_loses_nothing_and_rejoins(tmp_path: Pa
         assert receipted <= kept, f"admitted groups lost: {sorted(receipted - kept)[:10]}"
 
         # the survivor finished that round alone, within the round's timeout, and went on
-        _wait(lambda: job_status(ep0, job_id, timeout_s=10).policy_version >= 2 * H + 2, 180,
+        wait_for(lambda: job_status(ep0, job_id, timeout_s=10).policy_version >= 2 * H + 2, 180,
               "the survivor stepping past the round", work / "logs" / "trainer0.log")
         history = job_status(ep0, job_id, history=STEPS, timeout_s=10).history
         row = next(h for h in history if h.step == 2 * H)
@@ -151,7 +127,7 @@ def test_a_trainer_killed_mid_outer_round_loses_nothing_and_rejoins(tmp_path: Pa
             return common[0] if common else None
 
         try:
-            _wait(lambda: agreed_at() is not None, 240, "trainer1 agreeing by hash again", log1)
+            wait_for(lambda: agreed_at() is not None, 240, "trainer1 agreeing by hash again", log1)
         except pytest.fail.Exception:
             if NO_STATE in log1.read_text():   # the known failure (docs/DILOCO.md, "Not done")
                 pytest.xfail("the restarted trainer could not download the survivor's state over hivemind "
@@ -162,9 +138,9 @@ def test_a_trainer_killed_mid_outer_round_loses_nothing_and_rejoins(tmp_path: Pa
         print(f"killed in the round at v{2 * H}; the survivor's round took {row.extra['outer_seconds']:.1f}s "
               f"(timeout {OUTER_TIMEOUT_S:.0f}s); {len(receipted)} receipted groups of trainer1 all in its ledger; "
               f"restarted at the survivor's outer v{at_restart}; agreed by hash at v{first}")
-        _wait(lambda: job_status(ep1, job_id, timeout_s=10).outer_rounds >= 1, 240,
+        wait_for(lambda: job_status(ep1, job_id, timeout_s=10).outer_rounds >= 1, 240,
               "an agreed outer round after the restart", log1)
-        _wait(lambda: all(job_status(ep, job_id, timeout_s=10).state == "done" for ep in (ep0, ep1)), 300,
+        wait_for(lambda: all(job_status(ep, job_id, timeout_s=10).state == "done" for ep in (ep0, ep1)), 300,
               "both trainers ending the job", log1)
 
         # the last round may end differently at the two (one member misses an averaged part): the
@@ -173,7 +149,7 @@ def test_a_trainer_killed_mid_outer_round_loses_nothing_and_rejoins(tmp_path: Pa
             return {(s.policy_version, bytes(s.adapter_hash)) for s in (job_status(ep, job_id, timeout_s=10)
                                                                         for ep in (ep0, ep1))}
 
-        _wait(lambda: len(ends()) == 1, 120, "both trainers ending on the same adapter", log1)
+        wait_for(lambda: len(ends()) == 1, 120, "both trainers ending on the same adapter", log1)
         assert {v for v, _ in ends()} == {STEPS}
     finally:
-        procs.stop_all()
+        swarm.stop_all()
