@@ -101,5 +101,6 @@ def swarm_figures(statuses: list[pb.JobStatus], workers: dict[str, dict[str, Any
                                              "state_syncs": int(st.state_syncs),
                                              "outer_rounds": int(st.outer_rounds),
                                              "sync_bytes_sent": int(st.sync_bytes_sent),
+                                             "averaging_refused": dict(st.averaging_refused),
                                              **utilization(st)} for st in statuses},
     }

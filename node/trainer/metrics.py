@@ -1,7 +1,8 @@
 """The trainer's Prometheus metrics, read from its jobs and ledger at scrape time (no counters in
 the admission or step paths): groups admitted / rejected by reason / pending / on probation,
 steps, step time, reward, ESS, staleness, adapter bytes served, bans, validator verdicts, calls
-refused by rate limits; and the gRPC server's streams (active, refused, ended)."""
+refused by rate limits, averaging round members refused; and the gRPC server's streams (active,
+refused, ended)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,11 @@ def job_families(f: Families, job: JobRuntime) -> None:
     for reason, n in with_known(refused, (RATE_LIMITED_PEER, RATE_LIMITED_ADDRESS)):
         f.counter(P + "calls_refused_total", "lease and submit calls refused before admission (rate limits), by reason",
                   {**j, "reason": reason}, n)
+    if job.cotraining is not None:
+        for key, n in sorted(job.cotraining.swarm.counters.items()):
+            if key.startswith("refused:"):
+                f.counter(P + "averaging_refused_total", "members left out of averaging rounds with cotrainers "
+                          "(round tickets, bad payloads), by reason", {**j, "reason": key.removeprefix("refused:")}, n)
     checked, failed = ledger.verdict_counts(job_id)
     f.counter(P + "verdicts_total", "validator verdicts received, by result", {**j, "result": "passed"}, checked - failed)
     f.counter(P + "verdicts_total", "validator verdicts received, by result", {**j, "result": "failed"}, failed)
