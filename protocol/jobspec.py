@@ -109,6 +109,10 @@ class JobSpec(_Frozen):
                                    description="how long an outer round waits for the job's other trainers")
     outer_codec: OuterCodec = Field("int8", description="how pseudo-gradients travel in an outer round: int8 "
                                                         "(hivemind's uniform 8-bit, with error feedback) or float32")
+    lease_filter: Literal["none", "signal"] = Field(
+        "none", description="which prompt indices the trainer leases: every one in order ('none'), or ('signal') "
+                            "pass over most of those whose prompt's last group had all-equal rewards "
+                            "(protocol/prompt_signal.py)")
 
     @model_validator(mode="after")
     def _check(self) -> JobSpec:
@@ -191,11 +195,14 @@ class JobSpec(_Frozen):
 
     def canonical_json(self) -> str:
         """Sorted-key, compact JSON: the exact text that is signed and hashed. The sync fields
-        appear only for a DiLoCo job, so the ids of jobs that don't use it stay as they were."""
+        appear only for a DiLoCo job and `lease_filter` only when set, so the ids of jobs that
+        don't use them stay as they were."""
         data = self.model_dump(mode="json")
         if not self.diloco:
             for key in _DILOCO_FIELDS:
                 data.pop(key)
+        if self.lease_filter == "none":
+            data.pop("lease_filter")
         return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @classmethod

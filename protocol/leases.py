@@ -34,6 +34,7 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 BACKLOG_BATCHES = 2  # the simulator's backlog_full: "busy" while this many batches of groups are pending
 BUSY_RETRY_MS = 1000  # the retry hint of a "busy" refusal
 EXPIRED_KEPT = 50_000  # ids of the leases expired last, remembered so a late batch reads lease_expired
+MAX_SKIPS = 64  # new indices one lease may pass over (`LeaseBook.issue`'s `skip`)
 
 
 def backlog_full(pending_groups: int, batch_groups: int, *, open_prompts: int = 0,
@@ -106,19 +107,27 @@ class LeaseBook:
             self._requeued.extend(sorted(set(range(self.rank, self._next_index, self.count)) - seen))
 
     def issue(self, peer_id: str, n: int, version: int, sampling: pb.SamplingParams, now_ms: int, *,
-              wall_ms: int | None = None) -> pb.Lease:
+              wall_ms: int | None = None, skip: Callable[[int], bool] | None = None) -> pb.Lease:
         """A new lease of `n` prompt indices (re-queued ones first), due `ttl_ms` after `now_ms` on
         the book's clock. Its `issued_ms` / `deadline_ms` fields are on the wall clock `wall_ms`
-        (default: the book's clock, as in the simulator)."""
+        (default: the book's clock, as in the simulator). `skip(index)`: a new index it returns
+        True for is passed over for good (`protocol.prompt_signal`; at most `MAX_SKIPS` a lease,
+        then indices are taken as they come); re-queued indices are never skipped."""
         with self._lock:
             indices: list[int] = []
             while self._requeued and len(indices) < n:
                 index = self._requeued.popleft()
                 if not self._is_admitted(index):  # a revoked/expired lease may still have been answered
                     indices.append(index)
+            skips = 0
             while len(indices) < n:
-                indices.append(self._next_index)
+                index = self._next_index
                 self._next_index += self.count
+                if skip is not None and skips < MAX_SKIPS and skip(index):
+                    skips += 1
+                    self._admit([index])   # consumed: the admitted prefix moves past it
+                    continue
+                indices.append(index)
             lease = pb.Lease(
                 lease_id=self._new_lease_id(), job_id=self.job_id, peer_id=peer_id, prompt_indices=indices,
                 policy_version=version, sampling=sampling, issued_ms=now_ms if wall_ms is None else wall_ms,

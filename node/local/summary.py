@@ -30,7 +30,10 @@ def summarize(st: pb.JobStatus, spec: JobSpec, job_id: str, version: int, adapte
     `reward_window` steps (5 from 20 steps on, fewer in shorter runs); reward_last_step: the last
     step's alone (what the live status line shows). groups_admitted: every admitted group,
     pending, dropped (stale, banned), trained and no_signal alike; groups_trained: those trained
-    into versions; groups_no_signal: those consumed by batches with no learning signal. The other parts: `red_team_summary`,
+    into versions; groups_no_signal: those consumed by batches with no learning signal;
+    zero_variance_token_share: of the completion tokens admitted (this trainer process's run),
+    the share in groups with all-equal rewards; prompts_skipped: indices `lease_filter =
+    "signal"` passed over (`protocol.prompt_signal`). The other parts: `red_team_summary`,
     `swarm_figures` (node/swarm/figures.py) and `disk` (`DiskWatch.report`).
     """
     rewards = [h.reward_mean for h in st.history if not math.isnan(h.reward_mean)]
@@ -47,6 +50,9 @@ def summarize(st: pb.JobStatus, spec: JobSpec, job_id: str, version: int, adapte
         "groups_admitted": int(st.groups_admitted), "groups_dropped": int(st.groups_dropped),
         "groups_trained": int(st.groups_trained), "groups_no_signal": int(st.groups_no_signal),
         "groups_rejected": dict(st.groups_rejected),
+        "tokens_admitted": int(st.tokens_admitted),
+        "zero_variance_token_share": st.tokens_zero_variance / st.tokens_admitted if st.tokens_admitted else None,
+        "prompts_skipped": int(st.prompts_skipped),
         "validator": {"checked": int(st.validator_checked), "failed": int(st.validator_failed)},
         "serving_workers": int(st.serving_workers) if st.HasField("serving_workers") else None,
         "peers": [p.peer_id for p in st.peers],

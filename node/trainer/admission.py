@@ -26,6 +26,7 @@ from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.leases import BUSY_RETRY_MS, LeaseBook
 from swarmrl.protocol.pb import swarm_pb2 as pb
+from swarmrl.protocol.prompt_signal import PromptSignal
 from swarmrl.protocol.verdicts import BAD_SIGNATURE_ON_OWN_LEASE, BAN_MS, BANNING_CHECKS, is_attributable
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class Admission:
         self.published = published
         self.monotonic = monotonic or (time.monotonic if clock is time.time else clock)
         self.leases = LeaseBook(job_id, ttl_ms=int(spec.lease_ttl_s * 1000), shard=prompt_shard)
+        self.signal = PromptSignal(spec.seed)   # each prompt's recent signal; the skip rule with lease_filter
         self.leases.restore(ledger.leases(job_id, open_only=True), ledger.admitted_indices(job_id),
                             now_ms=self.lease_ms(), wall_ms=self.now_ms())
         self.bans = BanBook(job_id, ledger)
@@ -127,9 +129,14 @@ class Admission:
                 # The promise is spent: more rollouts would only go stale before a step could use them.
                 return pb.LeaseReply(reason="busy", retry_after_ms=BUSY_RETRY_MS)
             n = max(1, min(req.max_prompts or self.spec.prompts_per_lease, self.spec.prompts_per_lease, capacity))
-            lease = self.leases.issue(peer_id, n, self.version(), self.sampling(), lease_now, wall_ms=now)
+            lease = self.leases.issue(peer_id, n, self.version(), self.sampling(), lease_now, wall_ms=now,
+                                      skip=self._skip if self.spec.lease_filter == "signal" else None)
             self.ledger.add_lease(lease)
             return pb.LeaseReply(lease=lease)
+
+    def _skip(self, index: int) -> bool:
+        """`lease_filter = "signal"`: pass over `index` (`PromptSignal.skip`; caller holds the gate)."""
+        return self.signal.skip(index, self.prompt_ids([index])[index])
 
     def capacity(self) -> int:
         """Prompts this job can lease now and still train before they go stale
@@ -237,6 +244,7 @@ class Admission:
             else:
                 admitted.append(g)
                 taken.add(g.prompt_index)
+                self.signal.record(g)
         closes = bool(admitted) and taken >= set(lease.prompt_indices)
         self.ledger.admit(batch_id, batch, envelope, admitted, now, close_lease=closes,   # synced by `admit`
                           rejections=rejected, sync=False)

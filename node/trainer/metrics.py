@@ -78,6 +78,13 @@ def job_families(f: Families, job: JobRuntime) -> None:
     f.gauge(P + "banned_peers", "peers banned from the job now", j, len(job.admission.banned))
     with job.admission.gate:
         refused = dict(job.admission.refused)
+        sig = job.admission.signal
+        tokens, flat, skipped = sig.tokens, sig.tokens_zero_variance, sig.skipped
+    f.counter(P + "tokens_admitted_total", "completion tokens of the admitted groups, this run", j, tokens)
+    f.counter(P + "tokens_zero_variance_total", "completion tokens admitted in groups with all-equal rewards "
+              "(no learning signal), this run", j, flat)
+    f.counter(P + "prompts_skipped_total", "new prompt indices passed over by lease_filter = \"signal\" "
+              "(their prompt's last group had no signal), this run", j, skipped)
     for reason, n in with_known(refused, (RATE_LIMITED_PEER, RATE_LIMITED_ADDRESS)):
         f.counter(P + "calls_refused_total", "lease and submit calls refused before admission (rate limits), by reason",
                   {**j, "reason": reason}, n)

@@ -44,6 +44,9 @@ def job_status(job: JobRuntime, history: int, verdicts: int = 0, holders: bool =
     fill_from_ledger(st, ledger, job_id, history)
     with job.admission.gate:
         st.refused.update(job.admission.refused)
+        sig = job.admission.signal
+        st.tokens_admitted, st.tokens_zero_variance, st.prompts_skipped = sig.tokens, sig.tokens_zero_variance, \
+            sig.skipped
     st.peers.extend(peer_infos(job))
     if verdicts:
         st.recent_verdicts.extend(ledger.recent_verdicts(job_id, min(verdicts, 1000)))

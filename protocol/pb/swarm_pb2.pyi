@@ -1378,6 +1378,9 @@ class JobStatus(_message.Message):
     SYNC_BYTES_SENT_FIELD_NUMBER: _builtins.int
     OUTER_ROUNDS_FIELD_NUMBER: _builtins.int
     AVERAGING_REFUSED_FIELD_NUMBER: _builtins.int
+    TOKENS_ADMITTED_FIELD_NUMBER: _builtins.int
+    TOKENS_ZERO_VARIANCE_FIELD_NUMBER: _builtins.int
+    PROMPTS_SKIPPED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     state: _builtins.str
     """"running" | "done" | "unknown" """
@@ -1419,6 +1422,12 @@ class JobStatus(_message.Message):
     """tensor bytes this trainer sent its cotrainers (gradient and outer rounds), this run"""
     outer_rounds: _builtins.int
     """DiLoCo outer steps taken on a pseudo-gradient averaged with cotrainers"""
+    tokens_admitted: _builtins.int
+    """completion tokens of the groups admitted, this run"""
+    tokens_zero_variance: _builtins.int
+    """of those, tokens in groups with all-equal rewards (no signal), this run"""
+    prompts_skipped: _builtins.int
+    """new prompt indices passed over by lease_filter = "signal", this run"""
     @_builtins.property
     def groups_rejected(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
         """by reason"""
@@ -1493,10 +1502,13 @@ class JobStatus(_message.Message):
         sync_bytes_sent: _builtins.int = ...,
         outer_rounds: _builtins.int = ...,
         averaging_refused: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        tokens_admitted: _builtins.int = ...,
+        tokens_zero_variance: _builtins.int = ...,
+        prompts_skipped: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers", "serving_workers", b"serving_workers"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers", "adapter_bytes", b"adapter_bytes", "adapter_hash", b"adapter_hash", "averaging_excluded", b"averaging_excluded", "averaging_refused", b"averaging_refused", "averaging_rounds", b"averaging_rounds", "averaging_solo", b"averaging_solo", "cotrainers", b"cotrainers", "delta_bytes", b"delta_bytes", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_dropped_banned", b"groups_dropped_banned", "groups_no_signal", b"groups_no_signal", "groups_on_probation", b"groups_on_probation", "groups_rejected", b"groups_rejected", "groups_trained", b"groups_trained", "history", b"history", "holder_versions", b"holder_versions", "job_id", b"job_id", "outer_rounds", b"outer_rounds", "peers", b"peers", "policy_version", b"policy_version", "recent_verdicts", b"recent_verdicts", "refused", b"refused", "serving_workers", b"serving_workers", "spec_json", b"spec_json", "state", b"state", "state_syncs", b"state_syncs", "step", b"step", "sync_bytes_sent", b"sync_bytes_sent", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "unserved_reason", b"unserved_reason", "upload_bytes", b"upload_bytes", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers", "adapter_bytes", b"adapter_bytes", "adapter_hash", b"adapter_hash", "averaging_excluded", b"averaging_excluded", "averaging_refused", b"averaging_refused", "averaging_rounds", b"averaging_rounds", "averaging_solo", b"averaging_solo", "cotrainers", b"cotrainers", "delta_bytes", b"delta_bytes", "groups_admitted", b"groups_admitted", "groups_dropped", b"groups_dropped", "groups_dropped_banned", b"groups_dropped_banned", "groups_no_signal", b"groups_no_signal", "groups_on_probation", b"groups_on_probation", "groups_rejected", b"groups_rejected", "groups_trained", b"groups_trained", "history", b"history", "holder_versions", b"holder_versions", "job_id", b"job_id", "outer_rounds", b"outer_rounds", "peers", b"peers", "policy_version", b"policy_version", "prompts_skipped", b"prompts_skipped", "recent_verdicts", b"recent_verdicts", "refused", b"refused", "serving_workers", b"serving_workers", "spec_json", b"spec_json", "state", b"state", "state_syncs", b"state_syncs", "step", b"step", "sync_bytes_sent", b"sync_bytes_sent", "tokens_admitted", b"tokens_admitted", "tokens_zero_variance", b"tokens_zero_variance", "total_steps", b"total_steps", "trainer_id", b"trainer_id", "unserved_reason", b"unserved_reason", "upload_bytes", b"upload_bytes", "validator_checked", b"validator_checked", "validator_failed", b"validator_failed"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__serving_workers: _TypeAlias = _typing.Literal["serving_workers"]  # noqa: Y015
     _WhichOneofArgType__serving_workers: _TypeAlias = _typing.Literal["_serving_workers", b"_serving_workers"]  # noqa: Y015

@@ -42,7 +42,9 @@ def test_trainer_metrics_read_the_ledger(tmp_path) -> None:
         job = SimpleNamespace(job_id="j1", ledger=ledger, version=1, done=False, lock=threading.RLock(),
                               upload_bytes=Counter({"worker": 100}), groups_on_probation=lambda: 2,
                               admission=SimpleNamespace(banned={"w9": "logprob"}, gate=threading.RLock(),
-                                                        refused=Counter({"rate_limited_peer": 2})),
+                                                        refused=Counter({"rate_limited_peer": 2}),
+                                                        signal=SimpleNamespace(tokens=50, tokens_zero_variance=20,
+                                                                               skipped=3)),
                               cotraining=SimpleNamespace(swarm=SimpleNamespace(
                                   counters=Counter({"refused:bad_signature": 3, "outer_rounds": 4}))))
         guard = SimpleNamespace(active=lambda: 3, refused=Counter({"per_peer": 5}), reaped=Counter({"idle": 1}))
@@ -61,6 +63,8 @@ def test_trainer_metrics_read_the_ledger(tmp_path) -> None:
     assert got[("swarmrl_trainer_adapter_served_bytes_total", (("job_id", "j1"), ("requester", "worker")))] == 100
     assert got[("swarmrl_trainer_unrouted_batches_total", ())] == 4
     assert got[("swarmrl_trainer_calls_refused_total", (("job_id", "j1"), ("reason", "rate_limited_peer")))] == 2
+    assert got[("swarmrl_trainer_tokens_zero_variance_total", j)] == 20
+    assert got[("swarmrl_trainer_prompts_skipped_total", j)] == 3
     assert got[("swarmrl_trainer_averaging_refused_total", (("job_id", "j1"), ("reason", "bad_signature")))] == 3
     assert got[("swarmrl_trainer_grpc_streams_active", ())] == 3
     assert got[("swarmrl_trainer_grpc_streams_refused_total", (("reason", "per_peer"),))] == 5
