@@ -306,6 +306,7 @@ def _drive(swarm: LocalSwarm, spec: JobSpec, opts: UpOptions, work: Path,
     summary.update(figures)
     summary["peers"] = sorted({p.peer_id for st in statuses for p in st.peers})
     summary["groups_admitted_by_worker"] = admitted_by_worker(statuses, keys, [*workers, *adversaries])
+    summary["worker_cpu_s"] = {w: workers_state.get(w, {}).get("cpu_s") for w in workers}   # honest workers' own CPU
     summary["adapter_hash_agreement"] = summary["adapter_hash_agreement"] and figures["trainers_agree"] and all(
         t["hash"] == adapter_hash.hex() for t in figures["trainer_adapters"].values())
     write_outputs(opts.out, status, summary)

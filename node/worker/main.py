@@ -210,7 +210,8 @@ class Worker:
     def report(self) -> dict[str, Any]:
         """The worker's ready file: peer id, per job the adapter it holds (version, hash, trainer,
         sync figures, bytes served to peers), skipped jobs, jobs whose records are ignored now
-        (bad demand), rounds by the jobs they carried, data-set sources."""
+        (bad demand), rounds by the jobs they carried, data-set sources, and `cpu_s`: this
+        process's CPU seconds so far (user + system, every thread; not its grading processes)."""
         adapters = {j: {"version": s.replica.version, "hash": s.replica.hash.hex(), "trainer": s.record.trainer_id,
                         "sync": s.sync.stats.report()} for j, s in list(self.sessions.items())}
         adapters.update(self.finished)
@@ -225,7 +226,8 @@ class Worker:
                "skipped_jobs": dict(self.skipped), "ignored_jobs": dict(self.market.ignored),
                "rounds_by_jobs": {str(k): n for k, n in sorted(self.rounds_by_jobs.items())},
                "dataset_sources": dict(self.dataset_stats.sources),
-               "dataset_refused": dict(self.dataset_stats.refused), **self.ops_urls}
+               "dataset_refused": dict(self.dataset_stats.refused), "cpu_s": round(time.process_time(), 2),
+               **self.ops_urls}
         if self.red_team is not None:
             out["red_team"] = self.red_team.report()
         return out
