@@ -26,7 +26,7 @@ from swarmrl.node.trainer.faults import POISON
 from tests.integration.diloco_swarm import DilocoSwarm, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-H, STEPS, OUTER_TIMEOUT_S = 4, 16, 10.0
+H, STEPS, OUTER_TIMEOUT_S = 4, 12, 10.0
 TRAINERS = ("trainer0", "trainer1", "trainer2")
 WORKERS = ("worker0", "worker1", "worker2")
 
