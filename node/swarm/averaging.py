@@ -319,6 +319,9 @@ class GradientAveraging:
         if result is None:
             return RoundOutcome(False, reason="no_group")
         sent, refused = int(result.get("bytes_sent", 0)), dict(result.get("refused", {}))
+        if result["group_size"] < 2:   # every other member was refused: a round of one is no round
+            return RoundOutcome(False, group_size=result["group_size"], gathered=result["gathered"],
+                                reason="others_refused", bytes_sent=sent, refused=refused)
         if result["failed_reducers"]:
             return RoundOutcome(False, group_size=result["group_size"], excluded=result["excluded"],
                                 gathered=result["gathered"], reason="failed_reducer", bytes_sent=sent, refused=refused)

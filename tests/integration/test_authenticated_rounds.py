@@ -2,10 +2,13 @@
 
 Three trainers meet for one DiLoCo outer round; the third is not what its ticket says. Its
 payload is poison (every value 1000, weight 1). The two honest trainers must refuse it with the
-reason (as it asks to join an honest leader's group, or at the all-reduce of a group it leads), agree between themselves on their own average (bit-identical, the poison nowhere in
-it), and the third's round must not count as agreed. The cases: a forged signature (the
-`forged_outer_ticket` drill's ticket), a trainer key the job does not allow, a ticket replayed
-from another trainer.
+reason (as it asks to join an honest leader's group, or at the all-reduce of a group it leads),
+agree between themselves on their own average (bit-identical, the poison nowhere in it), and the
+third's round must not count as agreed. A third that leads can gather one honest member alone
+(a leader chooses whom it admits): that member's round then does not count either
+("others_refused"), and the poison is still nowhere (seen in about 1 run in 13). The cases: a
+forged signature (the `forged_outer_ticket` drill's ticket), a trainer key the job does not
+allow, a ticket replayed from another trainer.
 """
 
 from __future__ import annotations
@@ -57,7 +60,9 @@ def _round(rounds: list[OuterRounds], version: int) -> tuple[list[OuterOutcome],
 
 
 def _case(dhts: list, job: str, third: Callable[[OuterRounds], None], allowed: frozenset[str] | None,
-          reason: str) -> None:
+          reason: str) -> int:
+    """One round of the three; returns how many honest members agreed (2, or 0 when the third led
+    a group with one of them)."""
     rounds = [OuterRounds(d, job, [torch.zeros(s) for s in SHAPES], timeout_s=10.0, identity=k, allowed=allowed)
               for d, k in zip(dhts, KEYS)]
     try:
@@ -70,14 +75,18 @@ def _case(dhts: list, job: str, third: Callable[[OuterRounds], None], allowed: f
     # an honest leader turns the third away as it asks to join; a group that the third leads
     # leaves it out at the all-reduce: either way an honest member names it, with the reason
     assert {**outs[0].refused, **outs[1].refused} == {third_peer: reason}
-    for honest in outs[:2]:
-        assert honest.agreed and honest.group_size == 2, honest
-        assert honest.delta_P is not None
-        for got, a, b in zip(honest.delta_P, deltas[0], deltas[1]):
-            assert torch.allclose(got, (a + b) / 2, atol=1e-6)          # the poison is nowhere in it
-    assert outs[0].delta_P is not None and outs[1].delta_P is not None
-    assert all(torch.equal(x, y) for x, y in zip(outs[0].delta_P, outs[1].delta_P))   # bit-identical
     assert not outs[2].agreed
+    for honest in outs[:2]:   # none takes the poison: it agrees with the other honest member, or not at all
+        if honest.agreed:
+            assert honest.group_size == 2 and honest.delta_P is not None, honest
+            for got, a, b in zip(honest.delta_P, deltas[0], deltas[1]):
+                assert torch.allclose(got, (a + b) / 2, atol=1e-6)
+        else:   # the third led a group with this member alone (module docstring): a round of one is no round
+            assert honest.reason in ("others_refused", "no_group") or honest.reason.startswith("failed"), honest
+    if outs[0].agreed and outs[1].agreed:
+        assert outs[0].delta_P is not None and outs[1].delta_P is not None
+        assert all(torch.equal(x, y) for x, y in zip(outs[0].delta_P, outs[1].delta_P))   # bit-identical
+    return sum(o.agreed for o in outs[:2])
 
 
 def test_a_forged_ticket_is_refused_and_the_round_goes_on_without_it(dhts) -> None:

@@ -106,7 +106,11 @@ def test_worker_and_trainer_adapters_agree(run_dir):
         trained = sum(int(r["groups_trained"]) for r in csv.DictReader(f))
     assert set(credit["peers"]) == {n for n in summary["roles"] if n.startswith("worker")}, credit
     assert sum(p["groups"] for p in credit["peers"].values()) == credit["groups"] == trained > 0, credit
-    assert all(p["verified_share"] == 1.0 and not p["banned"] for p in credit["peers"].values()), credit
+    # every credited worker verified; in a 4-step job a worker that started late under load can have
+    # all its groups admitted after the last step took its batch, and then it is credited nothing
+    assert all((p["verified_share"] == 1.0 or p["groups"] == 0) and not p["banned"]
+               for p in credit["peers"].values()), credit
+    assert any(p["groups"] > 0 for p in credit["peers"].values()), credit
     for worker in summary["worker_adapters"].values():
         assert worker["hash"] == summary["adapter_hash"]
 
@@ -166,7 +170,11 @@ def test_anyone_can_audit_the_runs_credit(run_dir, model_cache, capsys):
             trained = sum(int(r["groups_trained"]) for r in csv.DictReader(f))
         assert sum(p.groups for st in chain for p in st.peers) == trained > 0
         workers = {Identity.load(keys / f"worker{i}.key").peer_id for i in range(2)}
-        assert {p.peer_id for st in chain for p in st.peers} == workers
+        credited = {p.peer_id for st in chain for p in st.peers}
+        assert credited and credited <= workers   # a late worker may have had no group trained in 4 steps
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert credited == {keys_id for name, keys_id in summary["roles"].items()
+                            if summary["credit"]["peers"].get(name, {}).get("groups", 0) > 0}
 
         db = sqlite3.connect(run_dir / "run" / "trainer" / "ledger.sqlite")   # the store, edited behind its back
         (blob,) = db.execute("SELECT envelope FROM statements WHERE job_id = ? AND version = 2", (job_id,)).fetchone()
