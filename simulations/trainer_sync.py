@@ -205,7 +205,6 @@ class TrainerSync:
             version += 1
             for r in live:
                 self.version[r] = version
-        self.res.wall_s = self.env.now
 
     def _inner(self, r: int) -> Generator[simpy.Event, Any, None]:
         """diloco: trainer `r`'s inner steps and outer rounds."""

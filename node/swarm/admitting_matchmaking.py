@@ -37,7 +37,9 @@ def admitting_matchmaking(job_id: str, kind: str, allowed: frozenset[str] | None
     `kind`, its own round's version) and, with `allowed`, names an allowed trainer."""
 
     class AdmittingMatchmaking(Matchmaking):  # type: ignore[misc]  # hivemind ships no type hints
-        refused: dict[str, str]   # joiners turned away since the averager last read them: peer -> reason
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.refused: dict[str, str] = {}   # joiners turned away since the averager last read them: peer -> reason
 
         def _check_reasons_to_reject(self, request: averaging_pb2.JoinRequest,
                                      context: P2PContext) -> averaging_pb2.MessageFromLeader | None:
@@ -54,8 +56,6 @@ def admitting_matchmaking(job_id: str, kind: str, allowed: frozenset[str] | None
             if check.admitted:
                 return None
             log.warning("averaging %s: join request of %s refused: %s", kind, context.remote_id, check.reason)
-            if not hasattr(self, "refused"):
-                self.refused = {}
             self.refused[context.remote_id.to_base58()] = check.reason
             return averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
 

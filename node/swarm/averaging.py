@@ -124,7 +124,7 @@ class ExactAverager(hivemind.averaging.DecentralizedAverager):
             raise AllreduceException(f"our own ticket was refused: {refused[self.peer_id.to_base58()]}")
         for p, why in refused.items():
             log.warning("averaging %s: member %s refused: %s", self.prefix, p, why)
-        at_the_door = getattr(self._matchmaking, "refused", None)   # joiners this leader turned away
+        at_the_door = self._matchmaking.refused   # joiners this leader turned away (`admitting_matchmaking`)
         if at_the_door:
             refused = {**at_the_door, **refused}
             at_the_door.clear()

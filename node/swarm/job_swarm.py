@@ -39,6 +39,7 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 
 log = logging.getLogger(__name__)
 SYNC_RETRY_S = 2.0
+REFUSED = "refused:"   # counters' prefix of refused round members, by reason (`JobSwarm.count_refused`)
 
 
 class JobSwarm:
@@ -106,9 +107,13 @@ class JobSwarm:
         return self.outer
 
     def count_refused(self, refused: dict[str, str]) -> None:
-        """Count the members a round left out, by reason (`JobStatus.averaging_refused`)."""
+        """Count the members a round left out, by reason (`refused_counts`)."""
         for why in refused.values():
-            self.counters[f"refused:{why}"] += 1
+            self.counters[REFUSED + why] += 1
+
+    def refused_counts(self) -> dict[str, int]:
+        """reason -> members left out of this job's averaging rounds, this run."""
+        return {k.removeprefix(REFUSED): n for k, n in list(self.counters.items()) if k.startswith(REFUSED)}
 
     def peer_round_open(self, version: int) -> bool:
         """Whether a cotrainer has opened the averaging round of `version` (so this trainer should
@@ -170,9 +175,7 @@ class JobSwarm:
         st.state_syncs = self.counters["state_syncs"]
         st.sync_bytes_sent = self.counters["averaging_bytes_sent"] + self.counters["outer_bytes_sent"]
         st.outer_rounds = self.counters["outer_rounds"] - self.counters["outer_solo"]
-        for key, n in self.counters.items():
-            if key.startswith("refused:"):
-                st.averaging_refused[key.removeprefix("refused:")] = n
+        st.averaging_refused.update(self.refused_counts())
 
     def shutdown(self) -> None:
         """Stop the gradient averager and the outer rounds' averager, where started."""

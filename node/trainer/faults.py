@@ -99,13 +99,16 @@ def forge(ticket: bytes) -> bytes:
 class ForgedOuterTicket:
     """The `forged_outer_ticket` drill (module docstring): wraps each outer step's averager."""
 
+    def __init__(self) -> None:
+        self.forging: object = None   # the averager whose tickets this drill forges now
+
     def wrap(self, inner: OuterAverager) -> OuterAverager:
         """`inner`, signing forged tickets and sending a poisoned pseudo-gradient."""
         averaging = getattr(inner, "averaging", None)   # `OuterRounds`: its tickets are signed here
-        if averaging is not None and not getattr(averaging, "forging", False):
+        if averaging is not None and averaging is not self.forging:   # each outer step wraps the same one
             sign = averaging.sign_ticket
             averaging.sign_ticket = lambda *args: forge(sign(*args))
-            averaging.forging = True
+            self.forging = averaging
 
         class Forged:
             def run(self, version: int, start_hash: bytes, delta_P: list[torch.Tensor], weight: float,

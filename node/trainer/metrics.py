@@ -89,10 +89,9 @@ def job_families(f: Families, job: JobRuntime) -> None:
         f.counter(P + "calls_refused_total", "lease and submit calls refused before admission (rate limits), by reason",
                   {**j, "reason": reason}, n)
     if job.cotraining is not None:
-        for key, n in sorted(job.cotraining.swarm.counters.items()):
-            if key.startswith("refused:"):
-                f.counter(P + "averaging_refused_total", "members left out of averaging rounds with cotrainers "
-                          "(round tickets, bad payloads), by reason", {**j, "reason": key.removeprefix("refused:")}, n)
+        for reason, n in sorted(job.cotraining.swarm.refused_counts().items()):
+            f.counter(P + "averaging_refused_total", "members left out of averaging rounds with cotrainers "
+                      "(round tickets, bad payloads), by reason", {**j, "reason": reason}, n)
     checked, failed = ledger.verdict_counts(job_id)
     f.counter(P + "verdicts_total", "validator verdicts received, by result", {**j, "result": "passed"}, checked - failed)
     f.counter(P + "verdicts_total", "validator verdicts received, by result", {**j, "result": "failed"}, failed)

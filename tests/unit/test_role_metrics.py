@@ -46,7 +46,7 @@ def test_trainer_metrics_read_the_ledger(tmp_path) -> None:
                                                         signal=SimpleNamespace(tokens=50, tokens_zero_variance=20,
                                                                                skipped=3)),
                               cotraining=SimpleNamespace(swarm=SimpleNamespace(
-                                  counters=Counter({"refused:bad_signature": 3, "outer_rounds": 4}))))
+                                  refused_counts=lambda: {"bad_signature": 3})))
         guard = SimpleNamespace(active=lambda: 3, refused=Counter({"per_peer": 5}), reaped=Counter({"idle": 1}))
         got = _scrape(lambda: trainer_metrics(SimpleNamespace(jobs={"j1": job}, unrouted_rejections=4,
                                                               grpc_guard=guard)))
