@@ -428,14 +428,17 @@ def main(argv: list[str] | None = None) -> int:
     apply_native_defaults()
     args = build_parser().parse_args(argv)
     try:
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
     except (Exception, KeyboardInterrupt) as exc:
         failure = describe_failure(exc, args)
         if failure is None or os.environ.get("SWARMRL_TRACEBACK") == "1":
             raise
         code, line = failure
         print(f"swarmrl {args.command}: {' '.join(line.split())}", file=sys.stderr)
-        return code
+    from swarmrl.node.runtime.lifecycle import exit_process
+
+    exit_process(code)   # a role process ends here, without the interpreter's slow teardown (lifecycle)
+    return code
 
 
 if __name__ == "__main__":

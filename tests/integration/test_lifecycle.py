@@ -272,6 +272,43 @@ def test_the_watchdog_bounds_a_stuck_shutdown(case, tmp_path):
         err.close()
 
 
+SLOW_TEARDOWN = """
+import atexit, pathlib, subprocess, sys, threading, time
+from swarmrl.node.runtime.lifecycle import exit_process, stop_event
+stop_event()
+out = pathlib.Path(sys.argv[1])
+class SlowTeardown:   # stands for torch / gRPC teardown that a loaded machine runs for many seconds
+    def __del__(self):
+        time.sleep(60)
+keep = SlowTeardown()
+subprocess.Popen(["sleep", "60"])
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+threading.Thread(target=lambda: (time.sleep(0.5), (out / "thread").write_text("joined"))).start()
+print("exiting", flush=True)
+exit_process(3)
+"""
+
+
+def test_a_finished_role_exits_with_its_code_without_the_interpreters_teardown(tmp_path):
+    """A role whose run returned ends through `exit_process`: its non-daemon threads are joined,
+    the atexit handlers run, its children are ended and it exits with its own code at once; the
+    interpreter's teardown (here an object whose finaliser would sleep a minute) is skipped, so a
+    slow teardown under load cannot turn a finished worker's exit into the backstop's exit 1
+    (seen in CI: a worker done with its jobs exited 1 after 'Timeout (0:00:09)!')."""
+    p = subprocess.Popen([sys.executable, "-c", SLOW_TEARDOWN, str(tmp_path)], stdout=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        assert p.stdout.readline().strip() == "exiting"
+        tree = procs.descendants(p.pid)
+        assert p.wait(BOUND_S) == 3
+        assert (tmp_path / "thread").read_text() == "joined"
+        assert (tmp_path / "atexit").read_text() == "ran"
+        assert not _survivors(tree, p.pid)
+    finally:
+        p.kill()
+        p.wait()
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGKILL, marks=pytest.mark.slow)],
                          ids=["ctrl-c", "sigkill"])
 def test_up_leaves_no_process_behind(tmp_path, model_cache, sig):
