@@ -115,10 +115,9 @@ def write_outputs(out: Path, st: pb.JobStatus, summary: dict[str, Any]) -> None:
 
 
 def _plot_reward(path: Path, st: pb.JobStatus) -> None:
-    import matplotlib
+    import matplotlib.pyplot as plt   # first: it waits for an import under way on another thread (warm_plotting)
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt.switch_backend("Agg")   # not matplotlib.use: that calls a half-imported pyplot's switch_backend (AttributeError)
 
     steps = [h.step for h in st.history]
     rewards = [h.reward_mean for h in st.history]

@@ -108,3 +108,31 @@ def test_a_second_signal_does_not_cut_the_saving_short() -> None:
         assert seen == [signal.SIGTERM]
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+PLOT_WHILE_WARMING = """
+import sys, time
+from pathlib import Path
+from swarmrl.node.local.interrupt import warm_plotting
+from swarmrl.node.local.summary import _plot_reward
+from swarmrl.protocol.pb import swarm_pb2 as pb
+warm_plotting()
+time.sleep(float(sys.argv[2]))
+_plot_reward(Path(sys.argv[1]), pb.JobStatus())
+"""
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.05])
+def test_reward_plot_while_pyplot_is_still_importing_on_the_warm_thread(tmp_path, delay_s):
+    """The interrupt path warms pyplot on a thread while the roles stop; when the roles stopped
+    first (a loaded machine), reward.png is drawn while that import is under way. It waits for it
+    (seen in a suite: matplotlib.use called the half-imported pyplot's switch_backend,
+    AttributeError, exit 1 instead of 130/143)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "reward.png"
+    p = subprocess.run([sys.executable, "-c", PLOT_WHILE_WARMING, str(out), str(delay_s)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert out.stat().st_size > 0
