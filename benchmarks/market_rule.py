@@ -23,32 +23,7 @@ import argparse
 import random
 from collections import Counter
 
-from swarmrl.protocol.market import Offer, choose_job
-
-
-def fair_split(supply: float, demand: dict[str, float], weight: dict[str, float]) -> dict[str, float]:
-    """Weighted max-min fair shares of `supply` among jobs with `demand` and `weight` (water-filling)."""
-    share = {j: 0.0 for j in demand}
-    wanting, left = set(demand), supply
-    while wanting and left > 1e-9:
-        total = sum(weight[j] for j in wanting)
-        offer = {j: left * weight[j] / total for j in wanting}
-        done = {j for j in wanting if demand[j] - share[j] <= offer[j]}
-        if not done:
-            for j in wanting:
-                share[j] += offer[j]
-            break
-        for j in done:
-            left -= demand[j] - share[j]
-            share[j] = demand[j]
-        wanting -= done
-    return share
-
-
-def jain(xs: list[float]) -> float:
-    """Jain's fairness index (1 = all equal)."""
-    squares = sum(x * x for x in xs)
-    return sum(xs) ** 2 / (len(xs) * squares) if squares else 0.0
+from swarmrl.protocol.market import Offer, choose_job, fair_split, jain
 
 
 def uniform_rule(offers: list[Offer], rng: random.Random, current: str | None = None) -> str | None:

@@ -90,7 +90,7 @@ class VersionSpread:
 class DeltaSpread:
     """Per-version holders and the time each worker holds each version."""
 
-    def __init__(self, cfg: Gossip, delta_bytes: int, snapshot_bytes: int, announce_s: float, seed: int,
+    def __init__(self, cfg: Gossip, delta_bytes: int, snapshot_bytes: int, announce_s: float, seed: int | str,
                  trainer_source: TrainerSource, signer: str = "trainer") -> None:
         self.cfg, self.delta_bytes, self.snapshot_bytes, self.announce_s = cfg, delta_bytes, snapshot_bytes, announce_s
         self.rng = random.Random(f"gossip/{seed}")
@@ -261,6 +261,23 @@ class DeltaSpread:
         if w.reachable and t < w.leaves_s:
             self.snapshots.setdefault(snap_v, []).append(SimHolder(w.peer_id, self.signer, w, t + self.announce_s))
         for v in range(snap_v + 1, want + 1):
+            t, _ = self._get(w, self.holders.get(v, []), self.delta_bytes, t)
+            if math.isinf(t):
+                return t
+            self._hold(w, v, t)
+        return t
+
+    def catch_up(self, w: Worker, now: float) -> float:
+        """A worker comes back to this job (a market's worker that served others meanwhile): the
+        deltas from the newest version it holds, if within `max_gap` of the head (the product's
+        replica, kept), else a snapshot first (`join`). Returns when it holds the head (inf: never)."""
+        held = [v for v, got in self.held.items() if w.idx in got]
+        have = max(held, default=-1)
+        if delta_sources.needs_snapshot(have, self.version, self.cfg.max_gap):
+            return self.join(w, now)
+        self.clock_s = now
+        t = max(now, self.held[have][w.idx])
+        for v in range(have + 1, self.version + 1):
             t, _ = self._get(w, self.holders.get(v, []), self.delta_bytes, t)
             if math.isinf(t):
                 return t

@@ -69,7 +69,9 @@ class Metrics:
         self.bans.setdefault(w.peer_id, why)
 
 
-def _q(xs: list[float], q: float) -> float | None:
+def quantile(xs: list[float], q: float) -> float | None:
+    """The `q` quantile (nearest rank, in [0, 1]) of the finite values of `xs`, rounded to 3
+    places; None when there is none."""
     xs = sorted(x for x in xs if math.isfinite(x))
     if not xs:
         return None
@@ -110,9 +112,9 @@ def summarize(m: Metrics, *, scenario: dict[str, Any], sim_s: float, wall_s: flo
         "cheaters": _cheaters(workers, m),
         "honest_banned": sum(1 for w in workers if not w.cheater and math.isfinite(w.banned_s)),
         "trainer_ingest_groups_per_s": {"mean": round(statistics.fmean(ingest), 3) if ingest else 0.0,
-                                        "p99": _q(ingest, 0.99), "max": max(ingest, default=0)},
-        "verdict_delay_s": {"p50": _q(m.verdict_delay_s, 0.5), "p95": _q(m.verdict_delay_s, 0.95)},
-        "worker_busy_share": _busy(workers, sim_s),
+                                        "p99": quantile(ingest, 0.99), "max": max(ingest, default=0)},
+        "verdict_delay_s": {"p50": quantile(m.verdict_delay_s, 0.5), "p95": quantile(m.verdict_delay_s, 0.95)},
+        "worker_busy_share": busy_share(workers, sim_s),
         "trainer_loss": _trainer_loss(m, spreads, scenario.get("trainers", {}).get("lost_at_s", -1.0), sim_s),
     }
 
@@ -129,7 +131,7 @@ def _trainer_loss(m: Metrics, spreads: list[VersionSpread], lost_s: float, sim_s
         reach = [s.reach_s["95"] for s in spreads if lo <= s.published_s < hi and s.live]
         out[part] = {"versions_per_hour": round(len(steps) / hours, 1),
                      "groups_trained_per_hour": round(sum(n for _, n in steps) / hours),
-                     "reach_95_s_p50": _q(reach, 0.5),
+                     "reach_95_s_p50": quantile(reach, 0.5),
                      "trainer_upload_per_version": round(statistics.fmean(
                          [s.trainer_bytes for s in spreads if lo <= s.published_s < hi] or [0])),
                      "failed_fetches": sum(s.failed_peer_fetches + s.failed_trainer_fetches for s in spreads
@@ -141,7 +143,7 @@ def _propagation(spreads: list[VersionSpread]) -> dict[str, Any]:
     out = {}
     for q in ("50", "95", "99"):
         xs = [s.reach_s[q] for s in spreads if s.live]
-        out[f"reach_{q}_s"] = {"p50": _q(xs, 0.5), "p95": _q(xs, 0.95),
+        out[f"reach_{q}_s"] = {"p50": quantile(xs, 0.5), "p95": quantile(xs, 0.95),
                                "never": sum(1 for x in xs if not math.isfinite(x))}
     return out
 
@@ -169,11 +171,12 @@ def _cheaters(workers: list[Worker], m: Metrics) -> dict[str, Any]:
     out = {}
     for mode, row in sorted(by.items()):
         t = row.pop("to_ban_s")
-        out[mode] = {**row, "to_ban_s_p50": _q(t, 0.5), "to_ban_s_p95": _q(t, 0.95), "to_ban_s_max": _q(t, 1.0)}
+        out[mode] = {**row, "to_ban_s_p50": quantile(t, 0.5), "to_ban_s_p95": quantile(t, 0.95), "to_ban_s_max": quantile(t, 1.0)}
     return out
 
 
-def _busy(workers: list[Worker], sim_s: float) -> float:
+def busy_share(workers: list[Worker], sim_s: float) -> float:
+    """The share of the workers' lived seconds (up to `sim_s`) spent generating."""
     lived = sum(max(0.0, min(w.leaves_s, sim_s) - w.joined_s) for w in workers)
     return round(sum(w.generating_s for w in workers) / lived, 4) if lived else 0.0
 

@@ -46,6 +46,8 @@ class Worker:
     refusals: dict[int, int] = field(default_factory=dict)     # trainer rank -> busy refusals in a row
     skips: dict[int, tuple[float, float, int]] = field(default_factory=dict)   # trainer rank -> busy skip
     # (until s, earliest early end s, head version when refused): worker.skipped reads it
+    market_refusals: dict[tuple[str, int], int] = field(default_factory=dict)   # in a market: (job, rank) -> refusals
+    market_skips: dict[tuple[str, int], tuple[float, float, int]] = field(default_factory=dict)   # (job, rank) -> skip
 
     @property
     def reachable(self) -> bool:

@@ -21,6 +21,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from swarmrl.protocol import snapshot_sources
+from swarmrl.simulations.market_figures import market_summary
+from swarmrl.simulations.market_world import MarketWorld
 from swarmrl.simulations.metrics import summarize, write_outputs
 from swarmrl.simulations.scenario import Scenario, churn_preset, load_scenario, scenario_error
 from swarmrl.simulations.world import World
@@ -80,6 +82,8 @@ def simulate(sc: Scenario, out: Path | None, *, should_stop: Callable[[], bool] 
              progress: Callable[[float], None] | None = None) -> dict[str, Any]:
     """Run `sc`; write its outputs under `out` (None: write nothing); returns the summary."""
     t0 = time.monotonic()
+    if sc.market.jobs:
+        return simulate_market(sc, out, should_stop=should_stop, progress=progress)
     with fewer_collections():
         world = World(sc)
         reached = world.run(sc.seconds, should_stop, slice_s=10.0, progress=progress)
@@ -96,6 +100,23 @@ def simulate(sc: Scenario, out: Path | None, *, should_stop: Callable[[], bool] 
         out.mkdir(parents=True, exist_ok=True)
         (out / "scenario.json").write_text(sc.model_dump_json(indent=2) + "\n")
         write_outputs(out, summary, world.metrics, world.gossip.spreads)
+    return summary
+
+
+def simulate_market(sc: Scenario, out: Path | None, *, should_stop: Callable[[], bool] = lambda: False,
+                    progress: Callable[[float], None] | None = None) -> dict[str, Any]:
+    """Run a market scenario (`sc.market.jobs`); write scenario.json and summary.json under `out`
+    (None: write nothing); returns the summary (`market_figures.market_summary`)."""
+    t0 = time.monotonic()
+    with fewer_collections():
+        mw = MarketWorld(sc)
+        reached = mw.run(sc.seconds, should_stop, slice_s=10.0, progress=progress)
+    summary = market_summary(mw, sim_s=reached, wall_s=time.monotonic() - t0,
+                             interrupted=reached < sc.seconds and not mw.done)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "scenario.json").write_text(sc.model_dump_json(indent=2) + "\n")
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return summary
 
 
@@ -123,11 +144,14 @@ def main(args: argparse.Namespace) -> int:
         for s, h in old.items():
             signal.signal(s, h)
     print(file=sys.stderr)
-    keys = ("versions", "versions_per_hour", "groups_admitted", "wasted_share_total", "honest_banned", "wall_s")
+    market = "per_job" in summary
+    keys = ("versions", "groups_trained_per_hour", "wasted_share_total", "fairness", "honest_banned", "wall_s") \
+        if market else ("versions", "versions_per_hour", "groups_admitted", "wasted_share_total", "honest_banned", "wall_s")
     print(json.dumps({k: summary[k] for k in keys}))
     if summary["interrupted"]:
         print(f"swarmrl simulate: interrupted at simulated {summary['simulated_s']:.0f} s of {sc.seconds:.0f} s "
               f"(version {summary['versions']}); partial outputs in {args.out}", file=sys.stderr)
         return 130
-    print(f"outputs in {args.out}: summary.json, timeline.csv, swarm.png", file=sys.stderr)
+    print(f"outputs in {args.out}: " + ("summary.json, scenario.json" if market else "summary.json, timeline.csv, swarm.png"),
+          file=sys.stderr)
     return 0

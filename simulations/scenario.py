@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from swarmrl.protocol import delta_sources, snapshot_sources
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.leases import BACKLOG_BATCHES
+from swarmrl.protocol.market import FOLLOW_IDLE_S, MAX_WEIGHT
 from swarmrl.protocol.red_team_modes import MODES
 from swarmrl.simulations.profiles import GPU_CLASSES, MODEL_PROFILES
 from swarmrl.simulations.regions import REGIONS
@@ -184,6 +185,36 @@ class Trainers(Strict):
     reconnect_s: float = Field(30.0, ge=0, description="how long its workers take to move to another trainer")
 
 
+class MarketJob(Strict):
+    """A class of alike jobs in a market scenario: `count` jobs of this weight, batch and trainers;
+    every other knob is the scenario's `job`."""
+
+    count: int = Field(1, ge=1)
+    weight: float = Field(1.0, gt=0, le=MAX_WEIGHT)
+    batch_groups: int = Field(64, ge=1, description="groups per trainer per step")
+    trainers: int = Field(1, ge=1, description="trainers co-training each job of the class")
+
+
+class Market(Strict):
+    """Many jobs sharing the workers (issue 24). No `jobs`: the single job of `job` and `trainers`."""
+
+    jobs: list[MarketJob] = Field(default_factory=list)
+    choice: Literal["demand", "walk"] = Field(
+        "demand", description="how a worker picks its job: 'demand' the product's rule (protocol.market.choose_job "
+        "over the records' capacity, intake and weight; a job kept while its trainer grants leases, left at once "
+        "on 'busy'); 'walk' the rule before (every live job in turn, one lease each, whatever it needs)")
+    record_every_s: float = Field(10.0, gt=0, description="how often a trainer refreshes its job record's demand "
+                                  "(node/swarm/dht.REFRESH_S); workers choose on the last one")
+    follow_idle_s: float = Field(FOLLOW_IDLE_S, ge=0, description="a worker stops following (prefetching the versions "
+                                 "of) a job it did not choose for this long (worker config follow_idle_s, "
+                                 "protocol.market.follows; 0: every job it chose, until the job ends or it leaves)")
+
+    def shapes(self, base: JobShape) -> list[tuple[JobShape, int]]:
+        """(job knobs, trainers) of every job, class by class."""
+        return [(base.model_copy(update={"weight": c.weight, "batch_groups": c.batch_groups}), c.trainers)
+                for c in self.jobs for _ in range(c.count)]
+
+
 class Scenario(Strict):
     """One simulated run."""
 
@@ -202,6 +233,7 @@ class Scenario(Strict):
     cheaters: Cheating = Cheating()
     validation: Validation = Validation()
     gossip: Gossip = Gossip()
+    market: Market = Market()
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
@@ -215,6 +247,17 @@ class Scenario(Strict):
                              "(more trainers than peers)")
         if self.trainers.lost_at_s >= 0 and self.trainers.count < 2:
             raise ValueError("trainers.lost_at_s: losing the only trainer ends the job; use count >= 2")
+        if self.market.jobs:
+            trainers = sum(c.count * c.trainers for c in self.market.jobs)
+            if trainers > self.workers:
+                raise ValueError(f"market.jobs: {trainers} trainers for {self.workers} workers (more trainers than peers)")
+            if self.trainers.lost_at_s >= 0:
+                raise ValueError("trainers.lost_at_s: a trainer's loss is not simulated in a market (market.jobs)")
+            for i, (shape, _) in enumerate(self.market.shapes(self.job)):
+                try:
+                    shape.spec()
+                except ValidationError as exc:
+                    raise ValueError(f"market.jobs: job {i} is beyond the product's bounds ({scenario_error(exc)})") from None
         return self
 
     @property

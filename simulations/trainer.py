@@ -36,10 +36,10 @@ class SimTrainer:
     """One trainer of the job (prompt shard `rank` of `count`)."""
 
     def __init__(self, rank: int, count: int, job: JobShape, uplink: Uplink, metrics: Metrics,
-                 probation_s: float, last_chance: bool = True) -> None:
-        self.rank, self.job, self.uplink, self.m = rank, job, uplink, metrics
-        ids = itertools.count()   # lease ids "rank-n": unique per swarm, reproducible from the seed
-        self.book = LeaseBook(JOB_ID, ttl_ms=int(job.lease_ttl_s * 1000), shard=(rank, count),
+                 probation_s: float, last_chance: bool = True, job_id: str = JOB_ID) -> None:
+        self.rank, self.job, self.uplink, self.m, self.job_id = rank, job, uplink, metrics, job_id
+        ids = itertools.count()   # lease ids "rank-n": unique per job, reproducible from the seed
+        self.book = LeaseBook(job_id, ttl_ms=int(job.lease_ttl_s * 1000), shard=(rank, count),
                               new_lease_id=lambda: f"{rank}-{next(ids)}")
         self.spec = job.spec()
         self.lim = ch.limits(job.max_async_level)
@@ -109,7 +109,7 @@ class SimTrainer:
             return self._forged(w, lease, n)
         if w.mode == modes.REPLAY:
             return self._replay(w, lease, now, version)
-        reason = ch.batch_reason(w.peer_id, self.book.get(lease.lease_id), JOB_ID, now_ms=now, seen=False,
+        reason = ch.batch_reason(w.peer_id, self.book.get(lease.lease_id), self.job_id, now_ms=now, seen=False,
                                  banned=self.banned)
         if reason:
             return self._refuse(w, lease, reason, n)
@@ -137,7 +137,7 @@ class SimTrainer:
     def _replay(self, w: Worker, lease: pb.Lease, now: int, version: int) -> list[Pending]:
         """An earlier admitted batch verbatim (replay, no blame), then earlier groups re-signed under
         its own lease (not in the lease: signed, so one strike each)."""
-        self.m.reject(ch.batch_reason(w.peer_id, lease, JOB_ID, now_ms=now, seen=True, banned=self.banned), 1)
+        self.m.reject(ch.batch_reason(w.peer_id, lease, self.job_id, now_ms=now, seen=True, banned=self.banned), 1)
         foreign = max(lease.prompt_indices) + 10**9
         reason = ch.group_reason(w.mode, lease, foreign, version, self.lim)
         self._refuse(w, lease, reason, ch.REPLAY_GROUPS)

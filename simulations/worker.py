@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from swarmrl.simulations.gossip import DeltaSpread
     from swarmrl.simulations.metrics import Metrics
     from swarmrl.simulations.profiles import ModelProfile
-    from swarmrl.simulations.scenario import Scenario
+    from swarmrl.simulations.scenario import JobShape, Scenario
     from swarmrl.simulations.trainer import SimTrainer
     from swarmrl.simulations.validator import Validators
 
@@ -42,6 +42,7 @@ class WorkerWorld(Protocol):
 
     env: simpy.Environment
     sc: Scenario
+    job: JobShape   # this job's knobs (the scenario's job, or one job of its market)
     profile: ModelProfile
     rng: Any   # random.Random
     metrics: Metrics
@@ -88,7 +89,7 @@ def _busy(world: WorkerWorld, w: Worker, tr: SimTrainer) -> Generator[simpy.Even
     Under "capacity", as the product's worker (`JobMarket.refused_busy`, `skipped`): skip `tr`
     (`busy_skip_s`, `skip_ends_s`); go at once to a live trainer not skipped that has capacity;
     else wait until one not skipped has capacity (its record says so), or a skip may end."""
-    if world.sc.job.lease_rule != "capacity":
+    if world.job.lease_rule != "capacity":
         world.waiting[tr.rank] += 1
         yield world.slot_freed[tr.rank]
         world.waiting[tr.rank] -= 1
@@ -132,8 +133,52 @@ def _await_head(world: WorkerWorld, w: Worker) -> Generator[simpy.Event, Any, No
         yield env.timeout(min(held, env.now + JOB_POLL_S, until) - env.now)
 
 
+def lease_round(world: WorkerWorld, w: Worker, tr: SimTrainer) -> Generator[simpy.Event, Any, str]:
+    """One lease round of `w` with trainer `tr` (as `JobSession.work_once`): ask for a lease (once
+    `w` holds the head, under `job.ask_at_head`), catch up, generate, submit. Returns what came of
+    it: "leased" (a batch submitted, or lost with its trainer), "busy", "banned", "job_done",
+    "behind" (no source served the lease's version: the next lease catches up afresh) or
+    "crashed" (the session ended mid-lease: the lease expires at the trainer)."""
+    env, job = world.env, world.job
+    if job.ask_at_head:
+        yield from _await_head(world, w)
+    status, lease = tr.request_lease(w, env.now, world.version, world.done)
+    if status != "lease":
+        return status
+    assert lease is not None
+    n = len(lease.prompt_indices)
+    gen_s = n * job.group_size * world.profile.tokens_per_completion / w.tokens_per_s \
+        + world.profile.round_overhead_s
+    rollout_bytes = int(n * job.group_size * world.profile.tokens_per_completion
+                        * world.profile.rollout_bytes_per_token)
+    ready = world.gossip.held_at(w, lease.policy_version)
+    if math.isinf(ready):   # AdapterBehind: no source served it; catch up afresh, retry the lease
+        world.metrics.count("adapter_behind")
+        ready = world.gossip.join(w, env.now)
+        if math.isinf(ready):   # that catch-up failed for GIVE_UP_S too: the next lease after it
+            yield env.timeout(min(GIVE_UP_S, max(JOB_POLL_S, w.leaves_s - env.now)))
+            return "behind"
+    start = max(env.now + 2 * send_s(w.region, tr.uplink.region, w.uplink.up_bps, 200), ready)
+    end = start + gen_s + send_s(w.region, tr.uplink.region, w.uplink.up_bps, rollout_bytes)
+    if end >= w.leaves_s:   # crashes mid-lease: the lease expires at the trainer
+        yield env.timeout(max(0.0, w.leaves_s - env.now))
+        world.metrics.count("groups_generated", n)
+        world.metrics.waste("churn", n)
+        return "crashed"
+    yield env.timeout(end - env.now)
+    w.generating_s += gen_s
+    if not tr.alive:
+        world.metrics.count("groups_generated", n)
+        world.metrics.waste("trainer_lost", n)
+        return "leased"
+    w.first_submit_s = min(w.first_submit_s, env.now)
+    admitted = tr.submit(w, lease, env.now, world.version)
+    world.validators.review(w, list(lease.prompt_indices[: len(admitted)]), lease.policy_version, env.now)
+    return "leased"
+
+
 def worker_life(world: WorkerWorld, w: Worker) -> Generator[simpy.Event, Any, None]:
-    """The process of one worker session."""
+    """The process of one worker session (one job: the scenario's)."""
     env = world.env
     yield env.timeout(max(0.0, world.sc.job_start_s - env.now) + world.rng.uniform(0, JOB_POLL_S))
     if env.now >= w.leaves_s:
@@ -146,42 +191,11 @@ def worker_life(world: WorkerWorld, w: Worker) -> Generator[simpy.Event, Any, No
             yield env.timeout(world.sc.trainers.reconnect_s)
             world.reassign(w)
             continue
-        if world.sc.job.ask_at_head:
-            yield from _await_head(world, w)
-        status, lease = tr.request_lease(w, env.now, world.version, world.done)
-        if status in (adm.BANNED, "job_done"):
+        status = yield from lease_round(world, w, tr)
+        if status in (adm.BANNED, "job_done", "crashed"):
             break
         if status == "busy":
             yield from _busy(world, w, tr)
-            continue
-        assert lease is not None
-        w.refusals.pop(tr.rank, None)   # a granted lease resets its busy refusals (JobMarket.granted)
-        n = len(lease.prompt_indices)
-        gen_s = n * world.sc.job.group_size * world.profile.tokens_per_completion / w.tokens_per_s \
-            + world.profile.round_overhead_s
-        rollout_bytes = int(n * world.sc.job.group_size * world.profile.tokens_per_completion
-                            * world.profile.rollout_bytes_per_token)
-        ready = world.gossip.held_at(w, lease.policy_version)
-        if math.isinf(ready):   # AdapterBehind: no source served it; catch up afresh, retry the lease
-            world.metrics.count("adapter_behind")
-            ready = world.gossip.join(w, env.now)
-            if math.isinf(ready):   # that catch-up failed for GIVE_UP_S too: the next lease after it
-                yield env.timeout(min(GIVE_UP_S, max(JOB_POLL_S, w.leaves_s - env.now)))
-                continue
-        start = max(env.now + 2 * send_s(w.region, tr.uplink.region, w.uplink.up_bps, 200), ready)
-        end = start + gen_s + send_s(w.region, tr.uplink.region, w.uplink.up_bps, rollout_bytes)
-        if end >= w.leaves_s:   # crashes mid-lease: the lease expires at the trainer
-            yield env.timeout(max(0.0, w.leaves_s - env.now))
-            world.metrics.count("groups_generated", n)
-            world.metrics.waste("churn", n)
-            break
-        yield env.timeout(end - env.now)
-        w.generating_s += gen_s
-        if not tr.alive:
-            world.metrics.count("groups_generated", n)
-            world.metrics.waste("trainer_lost", n)
-            continue
-        w.first_submit_s = min(w.first_submit_s, env.now)
-        admitted = tr.submit(w, lease, env.now, world.version)
-        world.validators.review(w, list(lease.prompt_indices[: len(admitted)]), lease.policy_version, env.now)
+        else:   # "leased" or "behind": a granted lease resets its busy refusals (JobMarket.granted)
+            w.refusals.pop(tr.rank, None)
     world.leave(w)

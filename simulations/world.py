@@ -13,10 +13,13 @@ import itertools
 import math
 import random
 from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import Any
 
 import simpy
 
+from swarmrl.protocol.demand import IntakeMeter
+from swarmrl.protocol.market import follows
 from swarmrl.simulations.gossip import DeltaSpread
 from swarmrl.simulations.metrics import Metrics
 from swarmrl.simulations.network import MBIT, Uplink
@@ -24,42 +27,64 @@ from swarmrl.simulations.pending import Pending
 from swarmrl.simulations.population import Population, Worker
 from swarmrl.simulations.profiles import MODEL_PROFILES
 from swarmrl.simulations.regions import one_way_s
-from swarmrl.simulations.scenario import Scenario
-from swarmrl.simulations.trainer import SimTrainer
+from swarmrl.simulations.scenario import JobShape, Scenario
+from swarmrl.simulations.trainer import JOB_ID, SimTrainer
 from swarmrl.simulations.validator import Validators
 from swarmrl.simulations.worker import worker_life
 
 TRAINER_REGIONS = ("na", "eu", "asia")
 
 
-class World:
-    """Everything of one run; built from a scenario, advanced by `run`."""
+@dataclass(frozen=True)
+class InMarket:
+    """What a job's world shares with the others of a market (`market_world.MarketWorld`): the
+    clock, the validators, and where its trainers sit (`first_region`: the first's of TRAINER_REGIONS)."""
 
-    def __init__(self, sc: Scenario) -> None:
-        self.sc, self.env = sc, simpy.Environment()
-        self.profile = MODEL_PROFILES[sc.job.model]
-        self.rng = random.Random(f"world/{sc.seed}")
+    env: simpy.Environment
+    validators: Validators
+    first_region: int = 0
+
+
+class World:
+    """Everything of one run; built from a scenario, advanced by `run`. In a market (`market`
+    given) one job's part of it: its trainers, step clock and gossip, on the market's clock and
+    validators, with `job` (its knobs), `trainers` and `job_id`; the market owns the workers
+    (spawns, arrivals, the timeline) and moves them between jobs (`follow`, `unfollow`)."""
+
+    def __init__(self, sc: Scenario, *, market: InMarket | None = None, job: JobShape | None = None,
+                 trainers: int | None = None, job_id: str = JOB_ID) -> None:
+        self.sc, self.job, self.job_id = sc, job or sc.job, job_id
+        self.env = market.env if market else simpy.Environment()
+        self.profile = MODEL_PROFILES[self.job.model]
+        self.rng = random.Random(f"world/{sc.seed}" + (f"/{job_id}" if market else ""))
         self.metrics = Metrics()
         self.population = Population(sc, self.profile)
-        n = sc.trainers.count
-        self.trainers = [SimTrainer(r, n, sc.job, Uplink(TRAINER_REGIONS[r % 3], sc.network.trainer_up_mbit * MBIT),
+        n = trainers or sc.trainers.count
+        first = market.first_region if market else 0
+        self.trainers = [SimTrainer(r, n, self.job, Uplink(TRAINER_REGIONS[(first + r) % 3], sc.network.trainer_up_mbit * MBIT),
                                     self.metrics, sc.validation.probation_s if sc.validation.validators else 0.0,
-                                    sc.validation.probation_ends == "age_or_last_chance")
+                                    sc.validation.probation_ends == "age_or_last_chance", job_id)
                          for r in range(n)]
         self.gossip = DeltaSpread(sc.gossip, self.profile.delta_bytes, self.profile.snapshot_bytes,
-                                  sc.network.announce_s, sc.seed, self.trainer_source)
-        self.validators = Validators(sc.validation, sc.seed, self.metrics, self.schedule, self.ban, self.passed)
+                                  sc.network.announce_s, f"{sc.seed}/{job_id}" if market else sc.seed, self.trainer_source)
+        self.validators = market.validators if market else \
+            Validators(sc.validation, sc.seed, self.metrics, self.schedule, self.ban, self.passed)
         self.version, self.done = 0, False
+        self.intake = IntakeMeter()   # groups trained per minute lately: the record's intake
         self.workers: list[Worker] = []
         self.live: dict[int, Worker] = {}
+        self.last_chosen: dict[int, float] = {}   # in a market: worker idx -> when it last chose this job
         self.waiting = [0] * n
         self.slot_freed = [self.env.event() for _ in range(n)]
         self.queued: list[list[simpy.Event]] = [[] for _ in range(n)]   # lease_rule "capacity": busy workers
         self.published = self.env.event()   # fires at the next version's publication (busy skips end early)
-        for _ in range(sc.workers):
-            self.spawn()
-        self.env.process(self._arrivals())
+        if market is None:   # in a market, the market owns the workers
+            for _ in range(sc.workers):
+                self.spawn()
+            self.env.process(self._arrivals())
         self.env.process(self._step_clock())
+        if market is not None:
+            return
         self.env.process(self._sampler())
         if sc.trainers.lost_at_s >= 0:
             self.schedule(sc.trainers.lost_at_s, self._lose_trainer)
@@ -111,9 +136,50 @@ class World:
         """A validator's failed banning check reached the trainers: every trainer bans the peer."""
         self.metrics.ban_reason(w, why)
         w.banned_s = min(w.banned_s, self.env.now)
+        self.ban_at_trainers(w)
+
+    def ban_at_trainers(self, w: Worker) -> None:
+        """Every trainer of the job bans `w` (its untrained groups are wasted as "banned")."""
         for t in self.trainers:
             if w.peer_id not in t.banned:
                 self.metrics.waste("banned", t.ban(w))
+
+    def follow(self, w: Worker) -> float:
+        """A market's worker chose this job: it follows the job's versions from now (the product
+        opens the job's session and prefetches every version while it follows) and catches up
+        before asking for a lease (deltas from the version it holds, or a snapshot first:
+        `DeltaSpread.catch_up`). Returns when it holds the head (inf: no source served it)."""
+        self.live[w.idx] = w
+        self.last_chosen[w.idx] = self.env.now
+        return self.gossip.catch_up(w, self.env.now)
+
+    def chosen(self, w: Worker) -> None:
+        """`w`, following this job, chose it again now (it keeps following: `market.follow_idle_s`)."""
+        self.last_chosen[w.idx] = self.env.now
+
+    def unfollow(self, w: Worker) -> None:
+        """`w` stops following this job (its versions no longer reach it)."""
+        self.live.pop(w.idx, None)
+        self.last_chosen.pop(w.idx, None)
+
+    def _drop_idle_followers(self) -> None:
+        """In a market: the workers that did not choose this job within
+        `market.follow_idle_s` stop following it (`protocol.market.follows`: the product's worker
+        stops prefetching such a job)."""
+        now, idle = self.env.now, self.sc.market.follow_idle_s
+        for idx in [i for i, t in self.last_chosen.items() if not follows(t, now, idle)]:
+            self.live.pop(idx, None)
+            del self.last_chosen[idx]
+
+    def capacity(self) -> int:
+        """Prompts the job's live trainers lease now (the records' capacity, summed), leases expired first."""
+        if self.done:
+            return 0
+        now = int(self.env.now * 1000)
+        for t in self.trainers:
+            if t.alive:
+                t.expire(now)
+        return sum(t.capacity() for t in self.trainers if t.alive)
 
     def passed(self, w: Worker) -> None:
         """A validator passed `w` (as of `w.passed_s`): its groups at every trainer leave probation then."""
@@ -130,7 +196,7 @@ class World:
             self.spawn()
 
     def _step_clock(self) -> Generator[simpy.Event, Any, None]:
-        job, prof = self.sc.job, self.profile
+        job, prof = self.job, self.profile
         tick = max(0.01, min(0.25, prof.step_s(job.batch_groups) / 4))
         first_ready = None
         while not self.done:
@@ -152,7 +218,7 @@ class World:
             self._record_statements(batches)
 
     def _step_s(self, trainers: int) -> float:
-        step = self.profile.step_s(self.sc.job.batch_groups) + self.profile.publish_s
+        step = self.profile.step_s(self.job.batch_groups) + self.profile.publish_s
         if trainers > 1:   # a ring all-reduce of the LoRA gradients between the trainers
             step += 2 * self.profile.delta_bytes / (self.sc.network.trainer_up_mbit * MBIT) + 2 * one_way_s("na", "asia")
         return step
@@ -168,14 +234,16 @@ class World:
     def _publish(self, trained: int) -> None:
         self.version += 1
         self.metrics.steps.append((self.env.now, self.version, trained))
+        self.intake.add(self.env.now, trained)
         for t in self.trainers:
             t.published()
             if t.alive:
                 t.drop_stale(self.version)
+        self._drop_idle_followers()
         self.gossip.publish(self.version, self.env.now, list(self.live.values()))
         ev, self.published = self.published, self.env.event()
         ev.succeed()
-        if self.sc.job.steps and self.version >= self.sc.job.steps:
+        if self.job.steps and self.version >= self.job.steps:
             self.done = True
         self._wake_waiters()
 
@@ -192,10 +260,10 @@ class World:
 
     def _wake_waiters(self) -> None:
         for t in self.trainers:
-            if self.sc.job.lease_rule == "capacity":
+            if self.job.lease_rule == "capacity":
                 self._wake_some(t)
                 continue
-            if self.waiting[t.rank] and t.alive and self.sc.job.backlog_counts_open:
+            if self.waiting[t.rank] and t.alive and self.job.backlog_counts_open:
                 t.expire(int(self.env.now * 1000))   # an expired lease frees a slot under the open-lease rule
             if self.waiting[t.rank] and (not t.alive or self.done or not t.busy()):
                 ev, self.slot_freed[t.rank] = self.slot_freed[t.rank], self.env.event()

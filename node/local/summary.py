@@ -115,7 +115,7 @@ def write_outputs(out: Path, st: pb.JobStatus, summary: dict[str, Any]) -> None:
 
 
 def _plot_reward(path: Path, st: pb.JobStatus) -> None:
-    import matplotlib.pyplot as plt   # first: it waits for an import under way on another thread (warm_plotting)
+    import matplotlib.pyplot as plt  # first: it waits for an import under way on another thread (warm_plotting)
 
     plt.switch_backend("Agg")   # not matplotlib.use: that calls a half-imported pyplot's switch_backend (AttributeError)
 

@@ -245,6 +245,9 @@ class WorkerConfig(_Config):
     max_peer_attempts: int = Field(MAX_PEER_ATTEMPTS, ge=0)   # peers asked per update, then the trainer (0: all)
     wait_rule: str = WAIT_RULE           # how long to wait for a peer to hold a fresh delta (delta_sources.WAIT_RULES)
     sync_poll_s: float = Field(0.5, gt=0)   # how often to look for a newer version to prefetch
+    # prefetch a job's versions only while it was chosen within this long (0: every job with a
+    # session until it ends); one chosen again catches up then (protocol.market.follows)
+    follow_idle_s: float = Field(60.0, ge=0)
     keep_deltas: int = Field(16, ge=1)   # newest deltas kept (and served) per job
     keep_jobs: int = Field(8, ge=1)      # jobs whose updates are kept (those updated last; swarm.gossip.UpdateCache)
     # snapshots served to late joiners (protocol/snapshot_sources.py): "rebuilt" serves the head this

@@ -49,7 +49,7 @@ from swarmrl.node.worker.market import JobMarket
 from swarmrl.node.worker.metrics import retired, worker_metrics
 from swarmrl.node.worker.receipts import ReceiptStore, receipts_path
 from swarmrl.node.worker.red_team import RedTeam
-from swarmrl.node.worker.session import AdapterBehind, JobSession
+from swarmrl.node.worker.session import AdapterBehind, JobSession, prefetch_followed
 from swarmrl.protocol.envs import get_environment, installed_environments
 from swarmrl.protocol.identity import Identity
 from swarmrl.protocol.jobspec import JobSpec
@@ -346,15 +346,14 @@ class Worker:
         return Held(rec, session, lease)
 
     def prefetch_loop(self, stop: threading.Event) -> None:
-        """Pull each job's newest version as soon as a trainer announces it (replica only; the
-        backend loads it at the next lease), and keep this worker's holdings announced."""
+        """Pull each followed job's newest version as soon as a trainer announces it (replica only;
+        the backend loads it at the next lease), and keep this worker's holdings announced. A job
+        is followed while a round chose it within `follow_idle_s` (`protocol.market.follows`)."""
         while not stop.wait(self.cfg.sync_poll_s * random.uniform(0.5, 1.5)):
             try:
                 jobs = by_job(servable(find_jobs(self.dht), set(self.backends)))
-                for job_id, session in list(self.sessions.items()):
-                    head = max((int(r.record.head_version) for r in jobs.get(job_id, [])), default=-1)
-                    if session.replica.version < head:
-                        session.prefetch(head)
+                heads = {job_id: max(int(r.record.head_version) for r in recs) for job_id, recs in jobs.items() if recs}
+                prefetch_followed(self.sessions, heads, self.cfg.follow_idle_s, time.monotonic())
                 if self.gossip is not None:
                     self.gossip.refresh()
                 if self.announcer is not None:

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from swarmrl.protocol.market import Offer, choose_job
+from swarmrl.protocol.market import Offer, choose_job, fair_split, jain
 
 N = 40_000   # draws per distribution: a share's sd is at most 0.0025
 
@@ -114,3 +114,18 @@ def test_a_margin_outside_0_1_and_a_weight_of_0_are_refused() -> None:
         choose_job([Offer("a", 1, 0.0, 1.0)], random.Random(0), margin=1.0)
     with pytest.raises(ValueError, match="weight"):
         choose_job([Offer("a", 1, 0.0, 0.0)], random.Random(0))
+
+
+def test_fair_split_shares_by_weight_and_gives_a_small_demand_what_it_needs() -> None:
+    """Water-filling: 90 units among demands 10, 100, 100 with weights 1, 1, 2. By weight alone
+    the first would get 22.5; it needs 10, so the other 80 go 1:2 to the others."""
+    share = fair_split(90.0, {"a": 10.0, "b": 100.0, "c": 100.0}, {"a": 1.0, "b": 1.0, "c": 2.0})
+    assert share == pytest.approx({"a": 10.0, "b": 80 / 3, "c": 160 / 3})
+    assert sum(share.values()) == pytest.approx(90.0)
+    assert fair_split(1000.0, {"a": 10.0, "b": 20.0}, {"a": 1.0, "b": 5.0}) == {"a": 10.0, "b": 20.0}   # all satisfied
+
+
+def test_jain_is_one_when_equal_and_one_over_n_when_one_takes_all() -> None:
+    assert jain([2.0, 2.0, 2.0]) == pytest.approx(1.0)
+    assert jain([1.0, 0.0, 0.0, 0.0]) == pytest.approx(0.25)
+    assert jain([]) == 0.0

@@ -161,3 +161,20 @@ def test_a_trainer_that_stepped_is_asked_again_after_the_base_skip() -> None:
     assert market.skipped(rec(4))                    # stepped, but within the base second
     clock.t += 0.6
     assert market.skipped(rec(3)) and not market.skipped(rec(4))
+
+
+def test_the_prefetch_follows_only_jobs_chosen_lately(swarm) -> None:
+    """A job no round chose within follow_idle_s is not prefetched (it catches up when chosen
+    again); a job chosen lately is brought to its announced head."""
+    import time
+
+    from swarmrl.node.worker.session import prefetch_followed
+
+    trainer, worker, a, b = swarm
+    sessions = {j: worker.session(trainer.verified_record(j)) for j in (a, b)}
+    now = time.monotonic()
+    sessions[a].chosen_s = now - 61.0   # tried a minute ago, not since
+    assert prefetch_followed(sessions, {a: 0, b: 0}, 60.0, now) == [b]
+    assert (sessions[a].replica.version, sessions[b].replica.version) == (-1, 0)
+    assert prefetch_followed(sessions, {a: 0, b: 0}, 0.0, now) == [a]   # 0: every session is followed
+    assert sessions[a].replica.version == 0

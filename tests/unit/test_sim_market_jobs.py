@@ -1,0 +1,104 @@
+"""Many jobs in the simulator (issue 24 item 7, `simulations/market_world.py`): the jobs share the
+workers by the product's rule, every job with demand trains, the heavier job gets more when
+supply is short, the rule before walks the jobs in turn, a worker coming back to a job catches up
+by deltas, and a bad market scenario is one line naming the field."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from swarmrl.simulations.cheaters import HONEST
+from swarmrl.simulations.gossip import DeltaSpread
+from swarmrl.simulations.market_world import MarketWorld
+from swarmrl.simulations.network import MBIT, Uplink
+from swarmrl.simulations.population import Worker
+from swarmrl.simulations.run import simulate
+from swarmrl.simulations.scenario import Gossip, Scenario, _merge, load_scenario, scenario_error
+
+
+def market(over: dict[str, Any] | None = None) -> Scenario:
+    """40 workers, 3 jobs on the GPU profile (two of weight 1, one of weight 4), 3 simulated minutes."""
+    base = {"name": "market-test", "hours": 0.05, "workers": 40, "seed": 0,
+            "market": {"jobs": [{"count": 2, "weight": 1, "batch_groups": 16},
+                                {"count": 1, "weight": 4, "batch_groups": 16}]}}
+    return load_scenario(None, _merge(base, over or {}))
+
+
+def test_a_market_trains_every_job_and_its_figures_add_up():
+    s = simulate(market(), None)
+    assert s["jobs"] == 3 and s["trainers"] == 3 and not s["interrupted"]
+    rows = s["per_job"]
+    assert all(r["versions"] > 0 for r in rows) and s["fairness"]["jobs_starved"] == 0
+    assert s["groups_generated"] == sum(r["groups_generated"] for r in rows)
+    assert s["groups_trained"] == pytest.approx(sum(r["groups_trained_per_hour"] for r in rows) * 0.05, abs=3)
+    assert 0 <= s["wasted_share_total"] <= 1 and s["honest_banned"] == 0
+    assert s["workers"]["served_more_than_one_job"] > 0   # workers move between jobs
+    assert simulate(market(), None)["per_job"] == rows    # a run is a pure function of its scenario
+
+
+def test_when_supply_is_short_the_heavier_job_trains_more():
+    """8 workers on the slowest class cannot fill three jobs of 64 groups a step: the job of
+    weight 4 trains more than either job of weight 1 (the rule leans to the under-served per
+    unit of weight)."""
+    s = simulate(market({"workers": 8, "hours": 0.1, "gpu_mix": {"rtx3060": 1.0},
+                         "market": {"jobs": [{"count": 2, "weight": 1, "batch_groups": 64},
+                                             {"count": 1, "weight": 4, "batch_groups": 64}]}}), None)
+    light, heavy = s["per_job"][:2], s["per_job"][2]
+    assert all(heavy["groups_trained_per_hour"] > r["groups_trained_per_hour"] for r in light), s["per_job"]
+
+
+def test_the_rule_before_walks_every_job_in_turn():
+    s = simulate(market({"market": {"choice": "walk"}}), None)
+    assert s["market_choice"] == "walk"
+    assert s["workers"]["served_more_than_one_job"] > 0.9   # one lease each, in turn
+    assert s["fairness"]["jobs_starved"] == 0
+
+
+def test_followers_idle_longer_than_follow_idle_s_stop_following():
+    mw = MarketWorld(market({"market": {"follow_idle_s": 20.0}}))
+    mw.run(mw.sc.seconds, lambda: False)
+    for job in mw.jobs:
+        last_step = job.metrics.steps[-1][0]
+        assert all(t >= last_step - 20.0 for t in job.last_chosen.values())
+        assert set(job.live) == set(job.last_chosen)
+
+
+def _worker(idx: int) -> Worker:
+    return Worker(idx=idx, peer_id=f"p{idx}", gpu="rtx4090", tokens_per_s=2000.0, region="na",
+                  down_bps=1000 * MBIT, uplink=Uplink("na", 20 * MBIT), nat=True, mode=HONEST,
+                  joined_s=0.0, leaves_s=math.inf)
+
+
+def test_a_worker_coming_back_catches_up_by_deltas_within_max_gap_else_by_a_snapshot():
+    trainer = Uplink("na", 1000 * MBIT)
+    spread = DeltaSpread(Gossip(max_gap=3), delta_bytes=1000, snapshot_bytes=10_000, announce_s=0.0, seed="t",
+                         trainer_source=lambda w, at: (trainer, math.inf))
+    w = _worker(0)
+    assert math.isfinite(spread.catch_up(w, 0.0))   # nothing held: a snapshot
+    assert spread.trainer_bytes == 10_000
+    for v in (1, 2):   # published while it served another job: it did not follow
+        spread.publish(v, 10.0 * v, [])
+    assert math.isfinite(spread.catch_up(w, 25.0))   # 2 behind: 2 deltas
+    assert spread.trainer_bytes == 12_000 and spread.held_at(w, 2) < math.inf
+    for v in range(3, 7):
+        spread.publish(v, 10.0 * v, [])
+    assert math.isfinite(spread.catch_up(w, 65.0))   # 4 behind, max_gap 3: a snapshot
+    assert spread.trainer_bytes == 22_000
+
+
+@pytest.mark.parametrize(("over", "needle"), [
+    ({"trainers": {"lost_at_s": 10.0, "count": 2}}, "trainers.lost_at_s"),
+    ({"workers": 2}, "market.jobs: 3 trainers for 2 workers"),
+    ({"market": {"jobs": [{"weight": 1000}]}}, "market.jobs.0.weight"),
+    ({"market": {"jobs": [{"batch_groups": 10**6}]}}, "market.jobs: job 0 is beyond the product's bounds"),
+    ({"market": {"choice": "random"}}, "market.choice"),
+])
+def test_a_bad_market_scenario_is_one_line_naming_the_field(over, needle):
+    with pytest.raises(ValueError) as err:
+        market(over)
+    line = scenario_error(err.value) if isinstance(err.value, ValidationError) else str(err.value)
+    assert needle in line and "\n" not in line
