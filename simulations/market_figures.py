@@ -2,8 +2,8 @@
 each job's groups trained against its weighted fair share, Jain's index over those ratios, the
 workers' moves between jobs and the snapshot bytes by source.
 
-A job's demand is what its trainers can train per hour at most, `trainers x batch_groups x 3600 /
-step` (the step time of its batch and averaging, `World._step_s`); its fair share is the weighted
+A job's demand is what its trainers can train per hour at most, `trainers x batch_max x 3600 /
+step` (the step time of its largest batch and averaging, `World.step_s`); its fair share is the weighted
 max-min split (`protocol.market.fair_split`) of what the swarm trained in all among those demands.
 """
 
@@ -25,7 +25,9 @@ def market_summary(mw: MarketWorld, *, sim_s: float, wall_s: float, interrupted:
     """The run's figures; `sim_s`: the simulated seconds reached."""
     hours = max(sim_s, 1e-9) / 3600
     trained = {j.job_id: sum(n for _, _, n in j.metrics.steps) for j in mw.jobs}
-    demand = {j.job_id: len(j.trainers) * j.job.batch_groups * 3600 / j._step_s(len(j.trainers)) for j in mw.jobs}
+    most = {j.job_id: j.trainers[0].spec.batch_max for j in mw.jobs}
+    demand = {j.job_id: len(j.trainers) * most[j.job_id] * 3600 / j.step_s(len(j.trainers), most[j.job_id])
+              for j in mw.jobs}
     weight = {j.job_id: j.job.weight for j in mw.jobs}
     fair = fair_split(sum(trained.values()) / hours, demand, weight)
     ratio = {j: trained[j] / hours / fair[j] for j in fair if fair[j] > 0}
@@ -68,7 +70,7 @@ def market_summary(mw: MarketWorld, *, sim_s: float, wall_s: float, interrupted:
         "reach_95_s_p50": quantile(reach, 0.5),
         "honest_banned": sum(1 for w in mw.workers if not w.cheater and math.isfinite(w.banned_s)),
         "cheaters_banned": sum(1 for w in mw.workers if w.cheater and math.isfinite(w.banned_s)),
-        "per_job": [{"job": j.job_id, "weight": j.job.weight, "batch_groups": j.job.batch_groups,
+        "per_job": [{"job": j.job_id, "weight": j.job.weight, "batch_groups": j.job.batch_groups, "batch_max": most[j.job_id],
                      "trainers": len(j.trainers), "versions": j.version,
                      "groups_trained_per_hour": round(trained[j.job_id] / hours),
                      "demand_per_hour": round(demand[j.job_id]), "fair_share_per_hour": round(fair[j.job_id]),

@@ -17,9 +17,10 @@ step clock and delta gossip, on the market's clock and validators. The market ow
   it catches up first, from the version it kept (deltas within `max_gap`, else a snapshot:
   `DeltaSpread.catch_up`), as the product's worker does before asking (`catch_up_to_head`).
 
-Not simulated: a worker batching several jobs in one engine round (`lease_set.plan_round`: its
-rounds here are one job each, as on the transformers backend), elastic batches (`batch_groups`
-ranges), a trainer's loss.
+Elastic intake runs as the product's (a class's `batch_max`: a step takes what is trainable from
+`batch_groups` up to `batch_max`, its time growing with the batch). Not simulated: a worker
+batching several jobs in one engine round (`lease_set.plan_round`: its rounds here are one job
+each, as on the transformers backend), a trainer's loss.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from swarmrl.simulations.profiles import MODEL_PROFILES
 from swarmrl.simulations.scenario import Scenario
 from swarmrl.simulations.validator import Validators
 from swarmrl.simulations.worker import JOB_POLL_S, lease_round
-from swarmrl.simulations.world import TRAINER_REGIONS, InMarket, World
+from swarmrl.simulations.world import TRAINER_REGIONS, InMarket, World, arrivals, schedule
 
 
 class MarketWorld:
@@ -78,8 +79,7 @@ class MarketWorld:
     # ---- plumbing
     def schedule(self, at_s: float, fn: Callable[[], None]) -> None:
         """Call `fn` at simulated time `at_s` (s; now if that has passed)."""
-        ev = self.env.timeout(max(0.0, at_s - self.env.now))
-        ev.callbacks.append(lambda _ev: fn())
+        schedule(self.env, at_s, fn)
 
     def spawn(self) -> Worker:
         """A new worker, choosing its job once its session starts."""
@@ -102,12 +102,7 @@ class MarketWorld:
                 t.pending.passed(w)
 
     def _arrivals(self) -> Generator[simpy.Event, Any, None]:
-        rate = self.sc.churn.joins_per_hour / 3600.0
-        if rate <= 0:
-            return
-        while True:
-            yield self.env.timeout(self.rng.expovariate(rate))
-            self.spawn()
+        return arrivals(self.env, self.rng, self.sc.churn.joins_per_hour, self.spawn)
 
     def _records(self) -> Generator[simpy.Event, Any, None]:
         """Refresh the demand every job's record announces, every `market.record_every_s`."""

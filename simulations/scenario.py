@@ -33,7 +33,10 @@ class JobShape(Strict):
 
     model: str = Field("gemma-270m-gpu", description="a profile of profiles.MODEL_PROFILES")
     group_size: int = Field(8, ge=2)
-    batch_groups: int = Field(256, ge=1, description="groups per trainer per step")
+    batch_groups: int = Field(256, ge=1, description="groups per trainer per step (with batch_max: the fewest)")
+    batch_max: int = Field(0, ge=0, description="elastic intake (JobSpec batch_groups = [batch_groups, batch_max]): "
+                           "a step takes what is trainable up to this many groups, its time growing with the batch; "
+                           "0: no range")
     prompts_per_lease: int = Field(4, ge=1)
     max_async_level: int = Field(2, ge=0)
     lease_ttl_s: float = Field(120.0, gt=0)
@@ -67,7 +70,8 @@ class JobShape(Strict):
         """The product's `JobSpec` with this job's knobs (what `protocol.demand` reads: group size,
         batch, async level, lease size and TTL, weight); model and environment are stand-ins."""
         return JobSpec(base_model="sim", base_model_sha256="0" * 64, group_size=self.group_size,
-                       batch_groups=self.batch_groups, prompts_per_lease=self.prompts_per_lease,
+                       batch_groups=(self.batch_groups, self.batch_max) if self.batch_max else self.batch_groups,
+                       prompts_per_lease=self.prompts_per_lease,
                        max_async_level=self.max_async_level, lease_ttl_s=self.lease_ttl_s,
                        steps=self.steps or 1_000_000, weight=self.weight)
 
@@ -191,7 +195,8 @@ class MarketJob(Strict):
 
     count: int = Field(1, ge=1)
     weight: float = Field(1.0, gt=0, le=MAX_WEIGHT)
-    batch_groups: int = Field(64, ge=1, description="groups per trainer per step")
+    batch_groups: int = Field(64, ge=1, description="groups per trainer per step (with batch_max: the fewest)")
+    batch_max: int = Field(0, ge=0, description="elastic intake: the most groups per step (0: no range)")
     trainers: int = Field(1, ge=1, description="trainers co-training each job of the class")
 
 
@@ -211,7 +216,8 @@ class Market(Strict):
 
     def shapes(self, base: JobShape) -> list[tuple[JobShape, int]]:
         """(job knobs, trainers) of every job, class by class."""
-        return [(base.model_copy(update={"weight": c.weight, "batch_groups": c.batch_groups}), c.trainers)
+        return [(base.model_copy(update={"weight": c.weight, "batch_groups": c.batch_groups, "batch_max": c.batch_max}),
+                 c.trainers)
                 for c in self.jobs for _ in range(c.count)]
 
 

@@ -175,15 +175,15 @@ class SimTrainer:
         """True when a full batch of admitted groups is trainable at `now_s` (s) by a step from
         `version`: past probation (the peer passed a check, the group is `probation_s` old, or
         it is at its last chance; job.trainable_cutoff)."""
-        return len(self.pending) >= self.job.batch_groups and \
-            self.pending.trainable(now_s, version - self.job.max_async_level) >= self.job.batch_groups
+        least = self.spec.batch_min
+        return len(self.pending) >= least and self.pending.trainable(now_s, version - self.job.max_async_level) >= least
 
     def take_batch(self, now_s: float, version: int) -> list[Pending]:
-        """Take the next batch (the oldest `batch_groups` trainable groups, or none short of a
-        full batch) off the pending pool; they count as `training` until `published`."""
+        """Take the next batch (the oldest trainable groups, at most `batch_max`, or none short of
+        `batch_min`: elastic intake, `JobRuntime.take_batch`) off the pending pool; they count as `training` until `published`."""
         if not self.has_batch(now_s, version):
             return []
-        batch = self.pending.take(self.job.batch_groups, now_s, version - self.job.max_async_level)
+        batch = self.pending.take(self.spec.batch_max, now_s, version - self.job.max_async_level)
         self.training += len(batch)
         return batch
 

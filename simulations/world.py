@@ -35,6 +35,23 @@ from swarmrl.simulations.worker import worker_life
 TRAINER_REGIONS = ("na", "eu", "asia")
 
 
+def schedule(env: simpy.Environment, at_s: float, fn: Callable[[], None]) -> None:
+    """Call `fn` at simulated time `at_s` (s; now if that has passed)."""
+    ev = env.timeout(max(0.0, at_s - env.now))
+    ev.callbacks.append(lambda _ev: fn())
+
+
+def arrivals(env: simpy.Environment, rng: random.Random, per_hour: float,
+             spawn: Callable[[], object]) -> Generator[simpy.Event, Any, None]:
+    """New workers as a Poisson process of `per_hour` arrivals (none at 0): `spawn` each."""
+    rate = per_hour / 3600.0
+    if rate <= 0:
+        return
+    while True:
+        yield env.timeout(rng.expovariate(rate))
+        spawn()
+
+
 @dataclass(frozen=True)
 class InMarket:
     """What a job's world shares with the others of a market (`market_world.MarketWorld`): the
@@ -92,8 +109,7 @@ class World:
     # ---- plumbing
     def schedule(self, at_s: float, fn: Callable[[], None]) -> None:
         """Call `fn` at simulated time `at_s` (s; now if that has passed)."""
-        ev = self.env.timeout(max(0.0, at_s - self.env.now))
-        ev.callbacks.append(lambda _ev: fn())
+        schedule(self.env, at_s, fn)
 
     def spawn(self) -> Worker:
         """A new worker, assigned a live trainer."""
@@ -188,12 +204,7 @@ class World:
 
     # ---- processes
     def _arrivals(self) -> Generator[simpy.Event, Any, None]:
-        rate = self.sc.churn.joins_per_hour / 3600.0
-        if rate <= 0:
-            return
-        while True:
-            yield self.env.timeout(self.rng.expovariate(rate))
-            self.spawn()
+        return arrivals(self.env, self.rng, self.sc.churn.joins_per_hour, self.spawn)
 
     def _step_clock(self) -> Generator[simpy.Event, Any, None]:
         job, prof = self.job, self.profile
@@ -213,12 +224,14 @@ class World:
                     continue
             first_ready = None
             batches = {t.rank: t.take_batch(self.env.now, self.version) for t in ready}
-            yield self.env.timeout(self._step_s(len(ready)))
+            yield self.env.timeout(self.step_s(len(ready), max(map(len, batches.values()))))
             self._publish(sum(len(b) for b in batches.values()))
             self._record_statements(batches)
 
-    def _step_s(self, trainers: int) -> float:
-        step = self.profile.step_s(self.job.batch_groups) + self.profile.publish_s
+    def step_s(self, trainers: int, groups: int) -> float:
+        """One step's time (s): `groups` per trainer (the largest batch of the step's trainers),
+        publishing, and with several trainers an all-reduce between them."""
+        step = self.profile.step_s(groups) + self.profile.publish_s
         if trainers > 1:   # a ring all-reduce of the LoRA gradients between the trainers
             step += 2 * self.profile.delta_bytes / (self.sc.network.trainer_up_mbit * MBIT) + 2 * one_way_s("na", "asia")
         return step

@@ -102,3 +102,13 @@ def test_a_bad_market_scenario_is_one_line_naming_the_field(over, needle):
         market(over)
     line = scenario_error(err.value) if isinstance(err.value, ValidationError) else str(err.value)
     assert needle in line and "\n" not in line
+
+
+def test_elastic_intake_steps_on_larger_batches_when_supply_allows():
+    """A job declaring 16..64 groups a step (`batch_max`, the product's elastic intake) steps on
+    more than 16 when more is trainable, and its demand counts the largest batch."""
+    mw = MarketWorld(market({"market": {"jobs": [{"count": 1, "batch_groups": 16, "batch_max": 64}]}}))
+    mw.run(mw.sc.seconds, lambda: False)
+    trained = [n for _, _, n in mw.jobs[0].metrics.steps]
+    assert trained and min(trained) >= 16 and max(trained) > 16 and max(trained) <= 64
+    assert mw.jobs[0].step_s(1, 64) > mw.jobs[0].step_s(1, 16)   # a larger batch takes longer
