@@ -260,7 +260,12 @@ class DeltaSpread:
         self._hold(w, snap_v, t)
         if w.reachable and t < w.leaves_s:
             self.snapshots.setdefault(snap_v, []).append(SimHolder(w.peer_id, self.signer, w, t + self.announce_s))
-        for v in range(snap_v + 1, want + 1):
+        return self._deltas(w, snap_v, want, t)
+
+    def _deltas(self, w: Worker, have: int, want: int, t: float) -> float:
+        """Fetch the deltas after `have` up to `want` for `w`, one after the other from `t` (s);
+        returns when it holds `want` (inf: a delta no source served)."""
+        for v in range(have + 1, want + 1):
             t, _ = self._get(w, self.holders.get(v, []), self.delta_bytes, t)
             if math.isinf(t):
                 return t
@@ -276,13 +281,7 @@ class DeltaSpread:
         if delta_sources.needs_snapshot(have, self.version, self.cfg.max_gap):
             return self.join(w, now)
         self.clock_s = now
-        t = max(now, self.held[have][w.idx])
-        for v in range(have + 1, self.version + 1):
-            t, _ = self._get(w, self.holders.get(v, []), self.delta_bytes, t)
-            if math.isinf(t):
-                return t
-            self._hold(w, v, t)
-        return t
+        return self._deltas(w, have, self.version, max(now, self.held[have][w.idx]))
 
     # ---- a version is published: every live worker fetches it
     def publish(self, version: int, now: float, live: list[Worker]) -> VersionSpread:

@@ -41,7 +41,7 @@ from swarmrl.simulations.profiles import MODEL_PROFILES
 from swarmrl.simulations.scenario import Scenario
 from swarmrl.simulations.validator import Validators
 from swarmrl.simulations.worker import JOB_POLL_S, lease_round
-from swarmrl.simulations.world import TRAINER_REGIONS, InMarket, World, arrivals, schedule
+from swarmrl.simulations.world import TRAINER_REGIONS, InMarket, World, advance, arrivals, schedule
 
 
 class MarketWorld:
@@ -153,10 +153,7 @@ class MarketWorld:
     def run(self, until_s: float, should_stop: Callable[[], bool], slice_s: float = 60.0,
             progress: Callable[[float], None] | None = None) -> float:
         """Advance to `until_s` (or every job's end); returns the simulated time reached."""
-        while self.env.now < until_s and not self.done and not should_stop():
-            self.env.run(until=min(until_s, self.env.now + slice_s))
-            if progress is not None:
-                progress(self.env.now)
+        advance(self.env, until_s, lambda: self.done or should_stop(), slice_s, progress)
         return self.env.now
 
 

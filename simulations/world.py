@@ -52,6 +52,16 @@ def arrivals(env: simpy.Environment, rng: random.Random, per_hour: float,
         spawn()
 
 
+def advance(env: simpy.Environment, until_s: float, stop: Callable[[], bool], slice_s: float,
+            progress: Callable[[float], None] | None) -> None:
+    """Run `env` to `until_s` in slices of `slice_s` (s), calling `progress` with the time after
+    each, until `stop()` says so (checked between slices: Ctrl-C, the jobs' end)."""
+    while env.now < until_s and not stop():
+        env.run(until=min(until_s, env.now + slice_s))
+        if progress is not None:
+            progress(env.now)
+
+
 @dataclass(frozen=True)
 class InMarket:
     """What a job's world shares with the others of a market (`market_world.MarketWorld`): the
@@ -330,10 +340,7 @@ class World:
     def run(self, until_s: float, should_stop: Callable[[], bool], slice_s: float = 60.0,
             progress: Callable[[float], None] | None = None) -> float:
         """Advance to `until_s` (or the job's end); returns the simulated time reached."""
-        while self.env.now < until_s and not self.done and not should_stop():
-            self.env.run(until=min(until_s, self.env.now + slice_s))
-            if progress is not None:
-                progress(self.env.now)
+        advance(self.env, until_s, lambda: self.done or should_stop(), slice_s, progress)
         for t in self.trainers:
             self.metrics.count("prompts_reissued", sum(c - 1 for c in t.issued.values() if c > 1))
         return self.env.now
