@@ -184,7 +184,12 @@ class Trainers(Strict):
     """The trainers: how many co-train the job, averaging and loss of one."""
 
     count: int = Field(1, ge=1)
-    averaging_timeout_s: float = Field(5.0, ge=0, description="how long a ready trainer waits for cotrainers")
+    averaging_timeout_s: float = Field(5.0, ge=0, description="how long a ready trainer waits for cotrainers "
+                                       "(join_rounds false)")
+    join_rounds: bool = Field(True, description="a trainer without a full batch joins a cotrainer's round at once "
+                              "with the trainable groups it has (the product's TrainerNode.step: ready() or "
+                              "peer_round_open()); false: the rule before, it sits the step out and the round waits "
+                              "averaging_timeout_s for it to have a full batch")
     lost_at_s: float = Field(-1.0, description="when one trainer dies (< 0: never)")
     reconnect_s: float = Field(30.0, ge=0, description="how long its workers take to move to another trainer")
 

@@ -178,10 +178,12 @@ class SimTrainer:
         least = self.spec.batch_min
         return len(self.pending) >= least and self.pending.trainable(now_s, version - self.job.max_async_level) >= least
 
-    def take_batch(self, now_s: float, version: int) -> list[Pending]:
+    def take_batch(self, now_s: float, version: int, joining: bool = False) -> list[Pending]:
         """Take the next batch (the oldest trainable groups, at most `batch_max`, or none short of
-        `batch_min`: elastic intake, `JobRuntime.take_batch`) off the pending pool; they count as `training` until `published`."""
-        if not self.has_batch(now_s, version):
+        `batch_min`: elastic intake, `JobRuntime.take_batch`) off the pending pool; they count as
+        `training` until `published`. `joining`: this trainer joins a cotrainer's round, so it
+        takes what is trainable however few (the product's `TrainerNode.step` on `peer_round_open`)."""
+        if not joining and not self.has_batch(now_s, version):
             return []
         batch = self.pending.take(self.spec.batch_max, now_s, version - self.job.max_async_level)
         self.training += len(batch)

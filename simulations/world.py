@@ -1,8 +1,10 @@
 """The simulated swarm: one SimPy environment with the job's trainers, validators, gossip and workers.
 
 Processes: one per worker session (worker.py), the Poisson arrivals of new workers, the job's
-step clock (trainers average: a step starts when every live trainer has a full trainable batch,
-or `averaging_timeout_s` after the first had one, with those that have one), the loss of a
+step clock (trainers average: a step starts when one live trainer has a full trainable batch and
+the others join its round at once with the trainable groups they have, as the product's trainer
+does; under `trainers.join_rounds = false`, the rule before, when every live trainer has a full
+batch or `averaging_timeout_s` after the first had one, with those that have one), the loss of a
 trainer, and the timeline sampler. `World.run` advances the clock in slices so a run can stop
 between them (Ctrl-C) and report how far it got.
 """
@@ -228,15 +230,17 @@ class World:
             if not ready:
                 first_ready = None
                 continue
-            if len(ready) < len(alive):
+            if self.sc.trainers.join_rounds:   # the others join the round at once with what they have
+                ready = alive
+            elif len(ready) < len(alive):
                 first_ready = self.env.now if first_ready is None else first_ready
                 if self.env.now - first_ready < self.sc.trainers.averaging_timeout_s:
                     continue
             first_ready = None
-            batches = {t.rank: t.take_batch(self.env.now, self.version) for t in ready}
+            batches = {t.rank: t.take_batch(self.env.now, self.version, joining=True) for t in ready}
             yield self.env.timeout(self.step_s(len(ready), max(map(len, batches.values()))))
             self._publish(sum(len(b) for b in batches.values()))
-            self._record_statements(batches)
+            self._record_statements({rank: b for rank, b in batches.items() if b})
 
     def step_s(self, trainers: int, groups: int) -> float:
         """One step's time (s): `groups` per trainer (the largest batch of the step's trainers),

@@ -168,3 +168,35 @@ def test_ask_at_head_waits_until_the_worker_holds_the_head_and_no_longer_than_it
     proc = world.env.process(_await_head(world, w))
     world.env.run(until=proc)
     assert world.env.now == 40.0
+
+
+def answered(t: SimTrainer, groups: int, first: int) -> None:
+    """`groups` prompts leased at version 0 and answered at once by honest workers `first`, ..."""
+    for i in range(groups // t.job.prompts_per_lease):
+        status, lease = t.request_lease(worker(first + i), 0.0, 0, False)
+        assert status == "lease" and lease is not None
+        t.submit(worker(first + i), lease, 0.0, 0)
+
+
+@pytest.mark.parametrize("join", [True, False])
+def test_a_trainer_short_of_a_batch_joins_its_cotrainers_round_with_what_it_has(join: bool):
+    """Two trainers, batch 16: one has a full trainable batch, the other 8 groups. The product's
+    trainer joins a cotrainer's open round at once with what it has (TrainerNode.step: ready()
+    or peer_round_open()), so the step trains 24 groups and nothing is left to age; under the
+    rule before (`trainers.join_rounds = false`) the round waits averaging_timeout_s for it, then
+    goes without it, and its 8 groups are a version older at the next step."""
+    base = small().model_dump()
+    sc = load_scenario(None, {**base, "job_start_s": 1000.0, "validation": {"validators": 0, "probation_s": 0},
+                              "trainers": {**base["trainers"], "join_rounds": join}})
+    world = World(sc)
+    full, short = world.trainers
+    answered(full, 16, 0)
+    answered(short, 8, 100)
+    world.env.run(until=60.0)
+    first_step_s, version, trained = world.metrics.steps[0]
+    assert version == 1
+    if join:
+        assert trained == 24 and len(short.pending) == 0 and first_step_s < sc.trainers.averaging_timeout_s
+    else:
+        assert trained == 16 and len(short.pending) == 8 and first_step_s >= sc.trainers.averaging_timeout_s
+    assert [n for _, _, n in world.metrics.steps[1:]] == []   # no more groups: no more steps
