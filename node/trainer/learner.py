@@ -37,10 +37,13 @@ from swarmrl.protocol.grpo.traces import model_mask_T
 from swarmrl.protocol.jobspec import JobSpec
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
-MICRO_BATCH_TOKENS = 8192
+MICRO_BATCH_TOKENS = 2048
 """Decoder positions (prompt + completion tokens of whole groups) per forward/backward pass: a
-step of 64 reasoning completions of 1024 tokens runs in several passes whose activations fit in
-memory (Gemma 270M keeps ~0.4 MB a position for backward), with the same loss and gradients."""
+long-completion step runs in several passes whose activations fit in memory, with the same loss
+and gradients. Gemma 270M keeps ~1.7 MB a position for backward: a step of 4 groups of 8
+completions of ~173 tokens over 407-token prompts (7,164 positions) peaked at 13.0 GB in one pass
+(8192, the budget before) and at 6.6 GB in 4 passes of one group, 0.85x the seconds
+(benchmarks/step_memory.py); the built-in job's step (~1,000 positions) is one pass either way."""
 
 
 def micro_batches(batch: StepBatch, max_tokens: int) -> list[tuple[int, int]]:
