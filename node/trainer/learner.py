@@ -43,7 +43,7 @@ long-completion step runs in several passes whose activations fit in memory, wit
 and gradients. Gemma 270M keeps ~1.7 MB a position for backward: a step of 4 groups of 8
 completions of ~173 tokens over 407-token prompts (7,164 positions) peaked at 13.0 GB in one pass
 (8192, the budget before) and at 6.6 GB in 4 passes of one group, 0.85x the seconds
-(benchmarks/step_memory.py); the built-in job's step (~1,000 positions) is one pass either way."""
+(benchmarks/step_memory.py); the built-in job's step (at most 864 positions) is one pass either way."""
 
 
 def micro_batches(batch: StepBatch, max_tokens: int) -> list[tuple[int, int]]:
