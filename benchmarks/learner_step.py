@@ -23,7 +23,9 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,26 +33,32 @@ from swarmrl.node.models.base_model import prepare_base_model, resolve_model_nam
 from swarmrl.node.models.causal_lm import encode_prompt
 from swarmrl.node.tasks.builtin_jobs import builtin_job
 from swarmrl.node.trainer.learner import Learner, build_step_batch
-from swarmrl.protocol.envs import get_environment
+from swarmrl.protocol.envs import Environment, get_environment
 from swarmrl.protocol.pb import swarm_pb2 as pb
 
 
-def make_groups(learner: Learner, n_groups: int, seed: int) -> list[pb.Group]:
-    """`n_groups` groups of the job's prompts 0..n-1 with random completions (see module doc)."""
+def make_groups(learner: Learner, n_groups: int, seed: int, *, env: Environment | None = None,
+                render: Callable[[Any], list[int]] | None = None,
+                lengths: tuple[int, int] | None = None) -> list[pb.Group]:
+    """`n_groups` groups of the job's prompts 0..n-1 with random completions (see module doc).
+    `env`: the prompts' environment (default: the spec's installed one); `render`: a prompt's
+    token ids (default: its text encoded); `lengths`: completion tokens, uniform in [lo, hi]
+    (default: 2 .. the job's max_new_tokens)."""
     spec = learner.spec
-    env = get_environment(spec.environment, spec.env_version)
+    env = env or get_environment(spec.environment, spec.env_version)
+    render = render or (lambda p: encode_prompt(learner.tokenizer, p.text))
+    lo, hi = lengths or (2, spec.sampling.max_new_tokens)
     rng = random.Random(seed)
     vocab = learner.model.get_input_embeddings().num_embeddings
     groups = []
     for p in env.prompts(spec.seed, list(range(n_groups))):
         completions = []
         for k in range(spec.group_size):
-            n = rng.randint(2, spec.sampling.max_new_tokens)
+            n = rng.randint(lo, hi)
             completions.append(pb.Completion(
                 token_ids=[rng.randrange(3, vocab) for _ in range(n)], logprobs=[-1.0] * n, finish_reason="stop",
                 policy_version=0, rewards=[float(k % 2), 0.1], reward=float(k % 2) + 0.1))
-        groups.append(pb.Group(prompt_index=p.index, prompt_token_ids=encode_prompt(learner.tokenizer, p.text),
-                               completions=completions))
+        groups.append(pb.Group(prompt_index=p.index, prompt_token_ids=render(p), completions=completions))
     return groups
 
 

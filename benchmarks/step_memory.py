@@ -7,7 +7,7 @@ Each budget (`Learner(micro_batch_tokens=...)`, the positions per forward/backwa
 `learner.micro_batches` packs whole groups into) runs in its own child process, so its peak
 resident memory (`ru_maxrss`) is its own: the job's model and LoRA are loaded, then the same batch
 (`--groups` groups of the job's G completions over the job's real prompts, completion lengths
-uniform in [min, max] tokens of random ids, rewards with spread) takes `Learner.compute_gradients`
+uniform in [min, max] tokens of random ids, rewards with spread: `learner_step.make_groups`) takes `Learner.compute_gradients`
 `--repeats` times (no optimizer step). Prints one JSON line per budget (peak MB, median step s,
 passes) and the ratios to the first budget. One torch thread, as a trainer of a local swarm has.
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import resource
 import statistics
 import subprocess
@@ -26,35 +25,27 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):   # run as a script: benchmarks/ is sys.path[0], the repository root is not
+    sys.path.insert(0, str(ROOT))
 
 
 def one(args: argparse.Namespace, budget: int) -> dict[str, Any]:
     """Measure one budget in this process."""
     import torch
 
+    from benchmarks.learner_step import make_groups
     from swarmrl.node.models.base_model import prepare_base_model
     from swarmrl.node.models.causal_lm import render_prompt
     from swarmrl.node.tasks.job_file import load_job_file
     from swarmrl.node.trainer.learner import Learner, build_step_batch, micro_batches
     from swarmrl.protocol.envs import job_environment
-    from swarmrl.protocol.pb import swarm_pb2 as pb
 
     torch.set_num_threads(1)
     spec = load_job_file(args.job).spec
     learner = Learner(prepare_base_model(spec.base_model, None), spec, micro_batch_tokens=budget)
-    env = job_environment(spec)
-    rng = random.Random(0)
-    vocab = learner.model.get_input_embeddings().num_embeddings
-    groups = []
-    for p in env.prompts(spec.seed, list(range(args.groups))):
-        completions = []
-        for k in range(spec.group_size):
-            n = rng.randint(args.min_tokens, args.max_tokens)
-            completions.append(pb.Completion(
-                token_ids=[rng.randrange(3, vocab) for _ in range(n)], logprobs=[-1.0] * n, finish_reason="stop",
-                policy_version=0, rewards=[float(k % 2), 0.1], reward=float(k % 2) + 0.1))
-        groups.append(pb.Group(prompt_index=p.index, prompt_token_ids=render_prompt(learner.tokenizer, p, spec.chat_template),
-                               completions=completions))
+    groups = make_groups(learner, args.groups, 0, env=job_environment(spec),
+                         render=lambda p: render_prompt(learner.tokenizer, p, spec.chat_template),
+                         lengths=(args.min_tokens, args.max_tokens))
     batch = build_step_batch(groups, spec, current_version=0)
     loaded_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     seconds = []
