@@ -10,6 +10,7 @@ delta -> mark the groups trained -> checkpoint. Leases, admission and bans are
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -390,12 +391,18 @@ class JobRuntime:
         return row
 
     def export(self, out: Path) -> Path:
-        """Write the head adapter in PEFT format (adapter_config.json + adapter_model.safetensors)."""
-        model = self.learner.model
+        """Write the head adapter in PEFT format, with its card, into `out`: built in a sibling folder
+        and moved in file by file (`os.replace`), so a reader never finds a half-written file."""
+        model, tmp = self.learner.model, out.with_name(f".tmp-{out.name}")
         assert isinstance(model, PeftModel)
-        with self.lock:
-            model.save_pretrained(str(out), save_embedding_layers=False)
-        write_model_card(out, self.spec, self.job_id, self.version, self.ledger.steps(self.job_id))
+        with self.lock:   # a folder a crash left is written over, then emptied and removed
+            model.save_pretrained(str(tmp), save_embedding_layers=False)
+            version, head_hash = self.version, self.head_hash
+        write_model_card(tmp, self.spec, self.job_id, version, self.ledger.steps(self.job_id), adapter_hash=head_hash)
+        out.mkdir(parents=True, exist_ok=True)
+        for f in tmp.iterdir():
+            os.replace(f, out / f.name)
+        tmp.rmdir()
         return out
 
     # ---- cotrainers, adapters, status

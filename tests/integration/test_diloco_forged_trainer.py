@@ -65,8 +65,12 @@ def test_a_trainer_with_forged_tickets_is_refused_and_the_others_agree(tmp_path:
         wait_for(lambda: len(ends()) == 1, 120, "the honest trainers ending on the same adapter",
                  swarm.log("trainer1"))
         assert {v for v, _ in ends()} == {STEPS}
-        for t in TRAINERS[:2]:
-            tensors = load_file(str(tmp_path / t / "jobs" / job_id / "final" / "adapter_model.safetensors"))
+        # a trainer reports done before it exports final/ (atomically, file by file: JobRuntime.export)
+        finals = [tmp_path / t / "jobs" / job_id / "final" / "adapter_model.safetensors" for t in TRAINERS[:2]]
+        wait_for(lambda: all(f.exists() for f in finals), 60, "the honest trainers' final exports",
+                 swarm.log("trainer0"))
+        for t, final in zip(TRAINERS[:2], finals):
+            tensors = load_file(str(final))
             largest = max(float(x.abs().max()) for x in tensors.values())
             assert largest < POISON / 100, (t, largest)
         print(f"honest trainers: refused {refused} forged tickets, outer rounds agreed "
