@@ -88,12 +88,13 @@ class MarketWorld:
         self.env.process(market_life(self, w))
         return w
 
-    def ban(self, w: Worker, why: str) -> None:
-        """A validator's failed banning check: every trainer of every job bans the peer."""
+    def ban(self, w: Worker, why: str, job_id: str) -> None:
+        """A validator's failed banning check on a group of `job_id`: that job's trainers ban the
+        peer, as the product's do (`Admission.apply_verdicts` is per job); the others keep serving
+        it until their own checks catch it. `w.banned_s` is its first ban anywhere."""
         self.metrics.ban_reason(w, why)
         w.banned_s = min(w.banned_s, self.env.now)
-        for job in self.jobs:
-            job.ban_at_trainers(w)
+        self.by_id[job_id].ban_at_trainers(w)
 
     def passed(self, w: Worker) -> None:
         """A validator passed `w`: its groups at every trainer leave probation."""
@@ -125,13 +126,13 @@ class MarketWorld:
         records of the jobs with a trainer `w` does not skip, keeping `kept`; "walk": the next
         unfinished job after `after` in turn."""
         if self.sc.market.choice == "walk":
-            live = [job for job in self.jobs if not job.done]
+            live = [job for job in self.jobs if not job.done and job.job_id not in w.market_banned]
             if not live:
                 return None
             start = 0 if after is None else self.jobs.index(after) + 1
             return min(live, key=lambda job: (self.jobs.index(job) - start) % len(self.jobs))
         offers = [o for o in self.offers if not self.by_id[o.job_id].done   # a done job's record says so
-                  and not all(self.skipped(w, self.by_id[o.job_id], t.rank) for t in self.by_id[o.job_id].trainers)]
+                  and o.job_id not in w.market_banned                  and not all(self.skipped(w, self.by_id[o.job_id], t.rank) for t in self.by_id[o.job_id].trainers)]
         pick = choose_job(offers, self.rng, current=kept.job_id if kept is not None else None)
         return None if pick is None else self.by_id[pick]
 
@@ -141,6 +142,12 @@ class MarketWorld:
             [t for t in job.trainers if t.alive]
         ready = [t for t in alive if t.capacity() > 0] or alive
         return ready[self.rng.randrange(len(ready))].rank
+
+    def banned_everywhere(self, w: Worker, job: World) -> bool:
+        """`job`'s trainer refused `w` as banned: it chooses among the other jobs from now on;
+        True when every job has banned it (it leaves the market)."""
+        w.market_banned.add(job.job_id)
+        return len(w.market_banned) == len(self.jobs)
 
     def refused_busy(self, w: Worker, job: World, rank: int) -> None:
         """`rank` of `job` refused `w` as busy: skip it for that job (`busy_skip`, `skip_ends`)."""
@@ -179,8 +186,10 @@ def market_life(mw: MarketWorld, w: Worker) -> Generator[simpy.Event, Any, None]
             job.metrics.count("adapter_behind")   # no source served it: the lease round catches up afresh
         rank = mw.trainer_for(w, job)
         status = yield from lease_round(job, w, job.trainers[rank])
-        if status in (adm.BANNED, "crashed"):
+        if status == "crashed" or (status == adm.BANNED and mw.banned_everywhere(w, job)):
             break
+        if status == adm.BANNED:   # this job's trainers ban it: the others may still want its work
+            kept = None
         if status == "busy":
             mw.refused_busy(w, job, rank)
             kept = None

@@ -48,6 +48,7 @@ class Worker:
     # (until s, earliest early end s, head version when refused): worker.skipped reads it
     market_refusals: dict[tuple[str, int], int] = field(default_factory=dict)   # in a market: (job, rank) -> refusals
     market_skips: dict[tuple[str, int], tuple[float, float, int]] = field(default_factory=dict)   # (job, rank) -> skip
+    market_banned: set[str] = field(default_factory=set)   # in a market: the jobs whose trainers banned it
 
     @property
     def reachable(self) -> bool:

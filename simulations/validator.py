@@ -5,7 +5,8 @@ A validator reads admitted batches at its next round (`poll_s`), asks the peer's
 rate), draws each group with `validator/sampling.plan_group` (regrade at the rate, the log-prob
 prefill at rate**2 among those), and spends `regrade_s` / `prefill_s` per group on it. A checked
 group of a cheating mode fails its rung (cheaters.VALIDATOR_CAUGHT); a failed banning check bans
-the peer at every trainer when the verdict is ready; a passing one ends the peer's probation then
+the peer at every trainer of the job the group was for when the verdict is ready (the product's
+trainers act on the verdicts of their own job: `Admission.apply_verdicts`); a passing one ends the peer's probation then
 (`passed`: the trainers' pending pools). Honest peers never fail (no false positives).
 """
 
@@ -31,7 +32,7 @@ class Validators:
     """The job's validators as one pool of `validators` servers."""
 
     def __init__(self, cfg: Validation, seed: int, metrics: Metrics, schedule: Schedule,
-                 ban: Callable[[Worker, str], None], passed: Callable[[Worker], None] = lambda w: None) -> None:
+                 ban: Callable[[Worker, str, str], None], passed: Callable[[Worker], None] = lambda w: None) -> None:
         self.cfg, self.m, self.schedule, self.ban, self.passed = cfg, metrics, schedule, ban, passed
         self.key = hashlib.sha256(f"validator/{seed}".encode()).digest()
         self.rng = random.Random(f"validator/{seed}")
@@ -50,8 +51,9 @@ class Validators:
         return policy.sample_rate(self.cfg.sample_rate, checked=w.checked, passed=w.passed, soft_flags=0,
                                   banned=w.banned_s <= now_s, since_failure_ms=since)
 
-    def review(self, w: Worker, indices: list[int], lease_version: int, now_s: float) -> None:
-        """Queue the admitted groups `indices` of one batch of `w` (leased at `lease_version`)."""
+    def review(self, w: Worker, indices: list[int], lease_version: int, now_s: float, job_id: str = "") -> None:
+        """Queue the admitted groups `indices` of one batch of `w` for job `job_id` (leased at
+        `lease_version`); a failed banning check calls `ban(w, why, job_id)` at the verdict."""
         if not self.enabled or not indices:
             return
         self.batches += 1
@@ -74,7 +76,7 @@ class Validators:
         w.checked += checked
         if failed:
             w.last_failure_s = done
-            self.schedule(done, lambda: self.ban(w, f"validator:{cast(ch.ValidatorCatch, catch).rung}"))  # failed: caught
+            self.schedule(done, lambda: self.ban(w, f"validator:{cast(ch.ValidatorCatch, catch).rung}", job_id))  # failed: caught
         else:
             w.passed += checked
             w.passed_s = min(w.passed_s, done)

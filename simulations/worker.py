@@ -43,6 +43,7 @@ class WorkerWorld(Protocol):
     env: simpy.Environment
     sc: Scenario
     job: JobShape   # this job's knobs (the scenario's job, or one job of its market)
+    job_id: str
     profile: ModelProfile
     rng: Any   # random.Random
     metrics: Metrics
@@ -173,7 +174,7 @@ def lease_round(world: WorkerWorld, w: Worker, tr: SimTrainer) -> Generator[simp
         return "leased"
     w.first_submit_s = min(w.first_submit_s, env.now)
     admitted = tr.submit(w, lease, env.now, world.version)
-    world.validators.review(w, list(lease.prompt_indices[: len(admitted)]), lease.policy_version, env.now)
+    world.validators.review(w, list(lease.prompt_indices[: len(admitted)]), lease.policy_version, env.now, world.job_id)
     return "leased"
 
 

@@ -160,8 +160,9 @@ class World:
         w.leaves_s = min(w.leaves_s, self.env.now)
         self.live.pop(w.idx, None)
 
-    def ban(self, w: Worker, why: str) -> None:
-        """A validator's failed banning check reached the trainers: every trainer bans the peer."""
+    def ban(self, w: Worker, why: str, job_id: str = "") -> None:
+        """A validator's failed banning check reached the trainers: every trainer bans the peer
+        (`job_id`: the job checked, this one; the signature is `Validators`' callback's)."""
         self.metrics.ban_reason(w, why)
         w.banned_s = min(w.banned_s, self.env.now)
         self.ban_at_trainers(w)

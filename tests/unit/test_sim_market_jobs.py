@@ -67,6 +67,39 @@ def test_followers_idle_longer_than_follow_idle_s_stop_following():
         assert set(job.live) == set(job.last_chosen)
 
 
+def test_a_ban_holds_at_the_job_whose_check_failed_and_the_worker_serves_the_others():
+    """As the product's trainers act on their own job's verdicts (`Admission.apply_verdicts`), a
+    validator's failed check bans the peer at that job only; the worker, refused there as banned,
+    chooses among the others and leaves the market once every job has banned it."""
+    mw = MarketWorld(market())
+    mw.run(60.0, lambda: False)   # the records are announced
+    w, (first, *others) = mw.spawn(), mw.jobs
+    mw.ban(w, "validator:regrade", first.job_id)
+    assert all(w.peer_id in t.banned for t in first.trainers)
+    assert not any(w.peer_id in t.banned for job in others for t in job.trainers)
+    assert math.isfinite(w.banned_s) and mw.metrics.bans[w.peer_id] == "validator:regrade"
+    assert not mw.banned_everywhere(w, first)
+    assert {getattr(mw.choose(w, None, None), "job_id", None) for _ in range(50)} <= {j.job_id for j in others}
+    assert not mw.banned_everywhere(w, others[0]) and mw.banned_everywhere(w, others[1])
+
+
+def test_a_cheater_banned_at_one_job_goes_on_to_the_others_until_their_own_checks_ban_it():
+    mw = MarketWorld(market({"hours": 0.1, "cheaters": {"share": 0.25, "modes": ["inflated_reward"]}}))
+    bans: dict[str, dict[str, float]] = {}      # peer -> job -> when banned there
+    submitted: list[tuple[float, str, str]] = []   # (when, peer, job) of every admitted batch reviewed
+    ban, review = mw.validators.ban, mw.validators.review
+    mw.validators.ban = lambda w, why, job_id: (bans.setdefault(w.peer_id, {}).setdefault(job_id, mw.env.now),
+                                                ban(w, why, job_id))[-1]
+    mw.validators.review = lambda w, ix, v, now, job_id="": (submitted.append((now, w.peer_id, job_id)),  # type: ignore[method-assign]
+                                                            review(w, ix, v, now, job_id))[-1]
+    mw.run(mw.sc.seconds, lambda: False)
+    assert not any(math.isfinite(w.banned_s) for w in mw.workers if not w.cheater)
+    first = {peer: min(at.items(), key=lambda kv: kv[1]) for peer, at in bans.items()}   # peer -> (job, when)
+    went_on = {peer for when, peer, job in submitted if peer in first and job != first[peer][0] and when > first[peer][1]}
+    assert went_on, bans   # served another job after its first ban
+    assert all(len(bans[peer]) > 1 for peer in went_on), bans   # and was banned there by that job's checks
+
+
 def _worker(idx: int) -> Worker:
     return Worker(idx=idx, peer_id=f"p{idx}", gpu="rtx4090", tokens_per_s=2000.0, region="na",
                   down_bps=1000 * MBIT, uplink=Uplink("na", 20 * MBIT), nat=True, mode=HONEST,
