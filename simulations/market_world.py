@@ -180,12 +180,16 @@ def market_life(mw: MarketWorld, w: Worker) -> Generator[simpy.Event, Any, None]
             continue
         mw.switches += job is not None and nxt is not job
         job = nxt
+        by_grant = mw.sc.market.follow_on == "grant"
         if w.idx in job.live:
-            job.chosen(w)
+            if not by_grant:
+                job.chosen(w)
         elif math.isinf(job.follow(w)):   # not followed (new, or idle past follow_idle_s): catch up first;
             job.metrics.count("adapter_behind")   # no source served it: the lease round catches up afresh
         rank = mw.trainer_for(w, job)
         status = yield from lease_round(job, w, job.trainers[rank])
+        if by_grant and w.idx in job.live:
+            job.leased(w, granted=status in ("leased", "behind"))
         if status == "crashed" or (status == adm.BANNED and mw.banned_everywhere(w, job)):
             break
         if status == adm.BANNED:   # this job's trainers ban it: the others may still want its work

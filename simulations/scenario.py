@@ -218,6 +218,10 @@ class Market(Strict):
     follow_idle_s: float = Field(FOLLOW_IDLE_S, ge=0, description="a worker stops following (prefetching the versions "
                                  "of) a job it did not choose for this long (worker config follow_idle_s, "
                                  "protocol.market.follows; 0: every job it chose, until the job ends or it leaves)")
+    follow_on: Literal["choice", "grant"] = Field(
+        "choice", description="what keeps a worker following a job for follow_idle_s: 'choice' (a round chose "
+        "it) or 'grant' (its trainer granted this worker a lease; a worker refused by a job that granted it "
+        "none within follow_idle_s stops following it at once, after the catch-up its choice made)")
 
     def shapes(self, base: JobShape) -> list[tuple[JobShape, int]]:
         """(job knobs, trainers) of every job, class by class."""

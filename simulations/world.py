@@ -103,6 +103,7 @@ class World:
         self.workers: list[Worker] = []
         self.live: dict[int, Worker] = {}
         self.last_chosen: dict[int, float] = {}   # in a market: worker idx -> when it last chose this job
+        self.last_granted: dict[int, float] = {}   # in a market: worker idx -> when it last got a lease of it
         self.waiting = [0] * n
         self.slot_freed = [self.env.event() for _ in range(n)]
         self.queued: list[list[simpy.Event]] = [[] for _ in range(n)]   # lease_rule "capacity": busy workers
@@ -186,14 +187,25 @@ class World:
         """`w`, following this job, chose it again now (it keeps following: `market.follow_idle_s`)."""
         self.last_chosen[w.idx] = self.env.now
 
+    def leased(self, w: Worker, granted: bool) -> None:
+        """`market.follow_on = "grant"`: `w`'s lease round here ended, with a lease `granted` or
+        refused. A grant keeps it following; a refusal with no grant within `follow_idle_s`
+        ends its following now."""
+        now = self.env.now
+        if granted:
+            self.last_granted[w.idx] = self.last_chosen[w.idx] = now
+        elif not follows(self.last_granted.get(w.idx, -math.inf), now, self.sc.market.follow_idle_s):
+            self.unfollow(w)
+
     def unfollow(self, w: Worker) -> None:
         """`w` stops following this job (its versions no longer reach it)."""
         self.live.pop(w.idx, None)
         self.last_chosen.pop(w.idx, None)
+        self.last_granted.pop(w.idx, None)
 
     def _drop_idle_followers(self) -> None:
-        """In a market: the workers that did not choose this job within
-        `market.follow_idle_s` stop following it (`protocol.market.follows`: the product's worker
+        """In a market: the workers that did not choose this job (`follow_on = "grant"`: get a
+        lease of it) within `market.follow_idle_s` stop following it (`protocol.market.follows`: the product's worker
         stops prefetching such a job)."""
         now, idle = self.env.now, self.sc.market.follow_idle_s
         for idx in [i for i, t in self.last_chosen.items() if not follows(t, now, idle)]:

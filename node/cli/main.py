@@ -364,12 +364,17 @@ def cmd_up(args: argparse.Namespace) -> int:
     if not args.job_file and opts.model is None:
         opts.model = "gemma"
     if len(sources) == 1:
-        run_up(opts)
-        return 0
-    from swarmrl.node.local.many import run_up_many
+        disagree = [] if run_up(opts)["adapter_hash_agreement"] else ["the job"]
+    else:
+        from swarmrl.node.local.many import run_up_many
 
-    opts.trainers = args.trainers or len(sources)
-    run_up_many(opts, sources)
+        opts.trainers = args.trainers or len(sources)
+        disagree = [name for name, j in run_up_many(opts, sources)["jobs"].items() if not j["adapter_hash_agreement"]]
+    if disagree:   # a run whose replicas end on different adapters failed its check, whatever it learned
+        from swarmrl.node.local.processes import SwarmFailed
+
+        raise SwarmFailed(f"{', '.join(disagree)}: the trainers and workers ended on different adapters "
+                          f"(summary.json: trainer_adapters, worker hashes); the summary and the adapter are in {args.out}")
     return 0
 
 

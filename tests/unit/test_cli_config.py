@@ -66,3 +66,16 @@ def test_job_overrides_merge_field_by_field(model_cache):
     spec = builtin_job("tiny", model_cache, sampling={"max_new_tokens": 4}, loss={"variant": "gspo"})
     assert spec.sampling.max_new_tokens == 4 and spec.sampling.stop == ("\n",)
     assert spec.loss.variant == "gspo"
+
+
+@pytest.mark.parametrize("agree", [True, False])
+def test_up_fails_in_one_line_when_the_replicas_end_on_different_adapters(tmp_path, capsys, monkeypatch, agree):
+    """A run that ends with its trainers (or workers) on different adapters exits 1, its summary
+    and adapter kept (`run_up` wrote them); one that agrees exits 0."""
+    import swarmrl.node.local.up as up
+
+    monkeypatch.setattr(up, "run_up", lambda opts: {"adapter_hash_agreement": agree})
+    out = tmp_path / "run"
+    assert main(["up", "--model", "tiny", "--out", str(out)]) == (0 if agree else 1)
+    err = capsys.readouterr().err
+    assert ("different adapters" in err and str(out) in err and "Traceback" not in err) != agree

@@ -106,6 +106,22 @@ def _worker(idx: int) -> Worker:
                   joined_s=0.0, leaves_s=math.inf)
 
 
+def test_following_on_grant_keeps_a_job_followed_only_while_it_grants_this_worker_leases():
+    mw = MarketWorld(market({"market": {"follow_on": "grant", "follow_idle_s": 20.0}}))
+    job, w = mw.jobs[0], _worker(999)
+    job.follow(w)   # chosen: it catches up first, then asks
+    job.leased(w, granted=False)
+    assert w.idx not in job.live   # refused and never granted: it stops following at once
+    job.follow(w)
+    job.leased(w, granted=True)
+    mw.run(10.0, lambda: False)
+    job.leased(w, granted=False)
+    assert w.idx in job.live       # refused, but granted 10 s ago: still followed
+    mw.run(35.0, lambda: False)
+    job.leased(w, granted=False)
+    assert w.idx not in job.live   # no grant within follow_idle_s
+
+
 def test_a_worker_coming_back_catches_up_by_deltas_within_max_gap_else_by_a_snapshot():
     trainer = Uplink("na", 1000 * MBIT)
     spread = DeltaSpread(Gossip(max_gap=3), delta_bytes=1000, snapshot_bytes=10_000, announce_s=0.0, seed="t",
