@@ -72,7 +72,7 @@ def test_job_overrides_merge_field_by_field(model_cache):
 def test_up_fails_in_one_line_when_the_replicas_end_on_different_adapters(tmp_path, capsys, monkeypatch, agree):
     """A run that ends with its trainers (or workers) on different adapters exits 1, its summary
     and adapter kept (`run_up` wrote them); one that agrees exits 0."""
-    import swarmrl.node.local.up as up
+    from swarmrl.node.local import up
 
     monkeypatch.setattr(up, "run_up", lambda opts: {"adapter_hash_agreement": agree})
     out = tmp_path / "run"
