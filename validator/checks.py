@@ -278,10 +278,11 @@ class LogprobTolerance:
         """`mean_abs` with a per-token limit of max(1 nat, 10 x mean_abs)."""
         return cls(mean_abs, max(1.0, 10.0 * mean_abs))
 
-    def floored(self, dtype: str) -> LogprobTolerance:
-        """This tolerance, raised to at least the honest floor of the model's dtype ("float32",
-        "bfloat16", ...): a tolerance below what honest sampling produces would ban honest peers."""
-        floor = HONEST_MEAN_FLOOR.get(dtype, HONEST_MEAN_FLOOR["bfloat16"])
+    def floored(self, *dtypes: str) -> LogprobTolerance:
+        """This tolerance, raised to at least the largest honest floor of `dtypes` ("float32",
+        "bfloat16", ...: the validator's own and the one workers sample in): a tolerance below what
+        honest sampling produces would ban honest peers."""
+        floor = max(HONEST_MEAN_FLOOR.get(d, HONEST_MEAN_FLOOR["bfloat16"]) for d in dtypes)
         if self.mean_abs >= floor:
             return self
         return LogprobTolerance(floor, max(self.max_abs, LogprobTolerance.from_mean(floor).max_abs))

@@ -118,11 +118,12 @@ class Validator:
         self.sampling_key = sampling_key
         self.settings = settings or ValidatorSettings()
         dtype = str(backend.dtype).removeprefix("torch.")
+        sampled = str(backend.sampled_dtype or backend.dtype).removeprefix("torch.")   # workers elsewhere
         configured = self.settings.logprob or ck.LogprobTolerance.from_mean(min(ck.HONEST_MEAN_FLOOR.values()))
-        self.logprob_tolerance = configured.floored(dtype)
+        self.logprob_tolerance = configured.floored(dtype, sampled)
         if self.logprob_tolerance != self.settings.logprob:
-            log.info("logprob tolerance %s for a %s model (configured %s)", self.logprob_tolerance, dtype,
-                     self.settings.logprob)
+            log.info("logprob tolerance %s for a %s model sampled in %s (configured %s)", self.logprob_tolerance,
+                     dtype, sampled, self.settings.logprob)
         self.log_threshold = log_threshold(self.settings.alpha)
         self._grader_factory = grader_factory or (
             lambda name, version: GradingPool(name, version, timeout_s=self.settings.grade_timeout_s))

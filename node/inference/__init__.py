@@ -57,8 +57,12 @@ def build_backend(
     if kind == "hf":
         from swarmrl.node.inference.device import load_on_device
         from swarmrl.node.inference.hf import HFBackend
+        from swarmrl.node.models.base_model import read_manifest
         from swarmrl.node.models.causal_lm import lora_config
 
         model, tokenizer = load_on_device(model_path, device, dtype=dtype, num_threads=num_threads)
-        return HFBackend(model, tokenizer, lora_config(DEFAULT_LORA_RANK, DEFAULT_LORA_ALPHA))
+        backend = HFBackend(model, tokenizer, lora_config(DEFAULT_LORA_RANK, DEFAULT_LORA_ALPHA))
+        manifest = getattr(torch, read_manifest(Path(model_path)).get("default_dtype", "float32"))
+        backend.sampled_dtype = manifest if manifest != backend.dtype else None
+        return backend
     raise ValueError(f"unknown inference backend {kind!r}; known: {BACKENDS}")

@@ -131,6 +131,9 @@ class InferenceBackend(ABC):
         EOS id); pass it as `pad_id` to `scoring` functions run on `activated`'s model.
     dtype: floating dtype of the model's weights (its output head's), e.g. torch.bfloat16; it
         bounds how closely recomputed log-probs can match the sampled ones.
+    sampled_dtype: the dtype the model's workers sample in elsewhere (its manifest's), when this
+        backend computes in another (float32 on a device without native bf16: `device.py`); None:
+        `dtype`. A validator's tolerance must admit the looser of the two.
     """
 
     tokenizer: Any
@@ -138,6 +141,7 @@ class InferenceBackend(ABC):
     eos_token_ids: frozenset[int]
     pad_token_id: int
     dtype: torch.dtype
+    sampled_dtype: torch.dtype | None = None
     batches_adapters: bool = False
     """Whether `generate_batch` runs several adapters' requests in one engine batch (vLLM), so a
     worker may hold several jobs' leases in one round; False: one job a round (transformers)."""

@@ -43,7 +43,9 @@ long-completion step runs in several passes whose activations fit in memory, wit
 and gradients. Gemma 270M keeps ~1.7 MB a position for backward: a step of 4 groups of 8
 completions of ~173 tokens over 407-token prompts (7,164 positions) peaked at 13.0 GB in one pass
 (8192, the budget before) and at 6.6 GB in 4 passes of one group, 0.85x the seconds
-(benchmarks/step_memory.py); the built-in job's step (at most 864 positions) is one pass either way."""
+(benchmarks/step_memory.py); the built-in job's step (at most 864 positions) is one pass either way.
+The budget is for 2-byte weights: a float32 model (a CPU without native bf16, `device.py`) gets
+half the positions a pass."""
 
 
 def micro_batches(batch: StepBatch, max_tokens: int) -> list[tuple[int, int]]:
@@ -135,7 +137,7 @@ class Learner:
     """
 
     def __init__(self, model_path: Path, spec: JobSpec, *, share_prompts: bool = True, device: str = "cpu",
-                 token_budget: int | None = None, micro_batch_tokens: int = MICRO_BATCH_TOKENS) -> None:
+                 token_budget: int | None = None, micro_batch_tokens: int | None = None) -> None:
         """share_prompts: score a group's completions over one prefill of its prompt
         (`scoring.shared_prompt_logprobs`, the same log-probs and gradients for ~G x fewer prompt
         positions); False prefills every prompt + completion (the baseline, for benchmarks).
@@ -143,13 +145,14 @@ class Learner:
         adapter state it hands out is always on the CPU.
         token_budget: tokens a completion may hold (dr_grpo's constant; a multi-turn job's episode
         `max_tokens`); default `sampling.max_new_tokens`.
-        micro_batch_tokens: positions per forward/backward pass (`micro_batches`); a step's loss and
-        gradients are the same however it is split (`LossNormalizer`)."""
-        self.micro_batch_tokens = micro_batch_tokens
+        micro_batch_tokens: positions per forward/backward pass (`micro_batches`; default
+        MICRO_BATCH_TOKENS scaled to the loaded dtype); a step's loss and gradients are the same
+        however it is split (`LossNormalizer`)."""
         self.spec = spec
         self.token_budget = token_budget or spec.sampling.max_new_tokens
         self._logprobs = shared_prompt_logprobs if share_prompts else completion_logprobs
         base, self.tokenizer = load_on_device(model_path, device)
+        self.micro_batch_tokens = micro_batch_tokens or MICRO_BATCH_TOKENS * 2 // base.dtype.itemsize
         torch.manual_seed(spec.seed)
         cfg = lora_config(spec.lora.rank, spec.lora.alpha, spec.lora.dropout, spec.lora.target_modules)
         model = with_lora(base, cfg)

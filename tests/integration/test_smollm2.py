@@ -106,7 +106,7 @@ def test_exported_adapter_loads_in_peft(hf, spec_env, smol_dir, tmp_path):
 
     spec, env = spec_env
     folder = export_peft(hf.adapter_state("job"), spec, tmp_path / "adapter")
-    base = AutoModelForCausalLM.from_pretrained(smol_dir, dtype=torch.bfloat16)
+    base = AutoModelForCausalLM.from_pretrained(smol_dir, dtype=hf.dtype)   # bf16, or float32 on a CPU without bf16
     loaded = peft.PeftModel.from_pretrained(base, str(folder))
     ids = torch.tensor([render_prompt(hf.tokenizer, env.prompt(spec.seed, 1), True)])
     with torch.no_grad(), hf.activated("job") as model:

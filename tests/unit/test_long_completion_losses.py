@@ -170,7 +170,7 @@ def test_micro_batched_gradients_equal_one_pass(variant, model_cache):
 
     from swarmrl.node.models.base_model import prepare_base_model
     from swarmrl.node.tasks.builtin_jobs import builtin_job
-    from swarmrl.node.trainer.learner import Learner, micro_batches
+    from swarmrl.node.trainer.learner import MICRO_BATCH_TOKENS, Learner, micro_batches
 
     spec = builtin_job("tiny", model_cache, group_size=4, loss={"variant": variant},
                        sampling={"max_new_tokens": 40, "stop": []})
@@ -184,5 +184,6 @@ def test_micro_batched_gradients_equal_one_pass(variant, model_cache):
     loss_b, metrics_b = split.compute_gradients(batch)
     assert loss_b == pytest.approx(loss_a, rel=1e-5, abs=1e-7)
     assert metrics_b["micro_batches"] == 3 and metrics_b["tokens"] == metrics_a["tokens"]
+    assert one.micro_batch_tokens == MICRO_BATCH_TOKENS // 2   # the default budget, halved for float32 weights
     for ga, gb in zip(one.grads(), split.grads(), strict=True):
         torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-7)

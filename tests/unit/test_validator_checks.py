@@ -70,6 +70,8 @@ def test_logprob_rung_tolerances() -> None:
     tol = ck.LogprobTolerance.from_mean(0.05)
     assert tol.max_abs == 1.0
     assert tol.floored("float32") == tol and tol.floored("bfloat16").mean_abs == ck.HONEST_MEAN_FLOOR["bfloat16"]
+    # a validator computing in float32 for a model its workers sample in bf16 keeps bf16's floor
+    assert tol.floored("float32", "bfloat16") == tol.floored("bfloat16")
     honest = ck.check_logprobs([[-1.0, -2.0]], [[-1.01, -2.02]], tol)
     assert honest.passed and honest.check == LOGPROB
     one_token = ck.check_logprobs([[-1.0, -2.0]], [[-1.0, -3.5]], tol)

@@ -44,6 +44,7 @@ from swarmrl.protocol.pb import swarm_pb2 as pb
 from swarmrl.protocol.pb import swarm_pb2_grpc as pb_grpc
 from swarmrl.protocol.updates import chunks
 from swarmrl.protocol.verdicts import ALL, DUPLICATE, FRESHNESS, LOGPROB, PLAUSIBILITY, REGRADE, STRUCTURE
+from swarmrl.validator import checks as ck
 from swarmrl.validator.adapters import InMemoryAdapters
 from swarmrl.validator.reputation import Reputation
 from swarmrl.validator.rescoring import rescore
@@ -380,3 +381,15 @@ def test_a_group_naming_its_adapter_hash_passes_and_one_naming_a_replaced_adapte
     assert judge(validator, world, admitted(ALICE, [replaced], seq=31)) == []
     rec = validator.reputation.peer(ALICE.peer_id)
     assert rec is not None and (rec.checked, rec.passed) == (1, 1)
+
+
+def test_a_float32_validator_keeps_the_tolerance_of_the_dtype_workers_sample_in(world: World, monkeypatch) -> None:
+    """On a CPU without native bf16 the validator loads a bf16 model in float32 (`device.py`); honest
+    workers elsewhere sample in bf16, so its log-prob rung keeps bf16's honest floor, not float32's."""
+    assert world.backend.dtype == torch.float32
+    def make() -> Validator:
+        return Validator(world.backend, seen=SeenStore(":memory:"), reputation=Reputation(":memory:"),
+                         sampling_key=b"k" * 32, grader_factory=lambda name, version: world.pool)
+    assert make().logprob_tolerance.mean_abs < ck.HONEST_MEAN_FLOOR["bfloat16"]   # the configured one
+    monkeypatch.setattr(world.backend, "sampled_dtype", torch.bfloat16)
+    assert make().logprob_tolerance.mean_abs == ck.HONEST_MEAN_FLOOR["bfloat16"]
