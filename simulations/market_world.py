@@ -132,7 +132,8 @@ class MarketWorld:
             start = 0 if after is None else self.jobs.index(after) + 1
             return min(live, key=lambda job: (self.jobs.index(job) - start) % len(self.jobs))
         offers = [o for o in self.offers if not self.by_id[o.job_id].done   # a done job's record says so
-                  and o.job_id not in w.market_banned                  and not all(self.skipped(w, self.by_id[o.job_id], t.rank) for t in self.by_id[o.job_id].trainers)]
+                  and o.job_id not in w.market_banned
+                  and not all(self.skipped(w, self.by_id[o.job_id], t.rank) for t in self.by_id[o.job_id].trainers)]
         pick = choose_job(offers, self.rng, current=kept.job_id if kept is not None else None)
         return None if pick is None else self.by_id[pick]
 
@@ -172,6 +173,7 @@ def market_life(mw: MarketWorld, w: Worker) -> Generator[simpy.Event, Any, None]
     mw.live[w.idx] = w
     job: World | None = None      # the job followed
     kept: World | None = None     # the job whose trainer granted the last lease (kept while it wants work)
+    by_grant = mw.sc.market.follow_on == "grant"
     while env.now < w.leaves_s:
         nxt = mw.choose(w, kept, job)
         if nxt is None:   # no job wants work: the records say nothing new before their next refresh
@@ -180,7 +182,6 @@ def market_life(mw: MarketWorld, w: Worker) -> Generator[simpy.Event, Any, None]
             continue
         mw.switches += job is not None and nxt is not job
         job = nxt
-        by_grant = mw.sc.market.follow_on == "grant"
         if w.idx in job.live:
             if not by_grant:
                 job.chosen(w)
@@ -193,8 +194,9 @@ def market_life(mw: MarketWorld, w: Worker) -> Generator[simpy.Event, Any, None]
         if status == "crashed" or (status == adm.BANNED and mw.banned_everywhere(w, job)):
             break
         if status == adm.BANNED:   # this job's trainers ban it: the others may still want its work
+            job.unfollow(w)
             kept = None
-        if status == "busy":
+        elif status == "busy":
             mw.refused_busy(w, job, rank)
             kept = None
             if mw.sc.market.choice == "walk":   # the rule before: the retry hint, then the next job

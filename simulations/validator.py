@@ -6,8 +6,9 @@ rate), draws each group with `validator/sampling.plan_group` (regrade at the rat
 prefill at rate**2 among those), and spends `regrade_s` / `prefill_s` per group on it. A checked
 group of a cheating mode fails its rung (cheaters.VALIDATOR_CAUGHT); a failed banning check bans
 the peer at every trainer of the job the group was for when the verdict is ready (the product's
-trainers act on the verdicts of their own job: `Admission.apply_verdicts`); a passing one ends the peer's probation then
-(`passed`: the trainers' pending pools). Honest peers never fail (no false positives).
+trainers act on the verdicts of their own job: `Admission.apply_verdicts`); a passing one ends
+the peer's probation then (`passed`: the trainers' pending pools). Honest peers never fail (no
+false positives).
 """
 
 from __future__ import annotations
