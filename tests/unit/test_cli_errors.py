@@ -174,7 +174,8 @@ def test_up_flag_and_job_override_combine_by_the_documented_rule():
 def test_up_with_a_job_override_of_a_flag_field_builds_the_job(tmp_path, model_cache, monkeypatch):
     from swarmrl.node.local import up
     built = {}
-    monkeypatch.setattr(up, "_drive", lambda swarm, spec, opts, work, dataset, run: built.setdefault("spec", spec))
+    monkeypatch.setattr(up, "_drive", lambda swarm, spec, opts, work, dataset, run:   # its summary: agreed
+                        {"adapter_hash_agreement": built.setdefault("spec", spec) is spec})
     argv = ["up", "--model", "tiny", "--out", str(tmp_path), "--cache-dir", str(model_cache), "--no-eval", "-j", "max_async_level=0",
             "--loss", "gspo", "-j", "loss.eps_low=0.1"]
     assert cli.main(argv) == 0

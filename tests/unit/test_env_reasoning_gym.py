@@ -193,7 +193,7 @@ def test_the_validator_keeps_one_grader_per_reasoning_gym_seed(tmp_path, model_c
 
     job = write_job(tmp_path, 'reasoning_gym = "chain_sum"\nconfig = {max_digits = 2, size = 300}\n')
     specs = [load_job_file(job, model_cache, {"seed": s}).spec for s in (0, 1)]
-    backend = SimpleNamespace(dtype="float32", vocab_size=320)
+    backend = SimpleNamespace(dtype="float32", sampled_dtype=None, vocab_size=320)
     v = Validator(backend, seen=SeenStore(":memory:"), reputation=Reputation(":memory:"),   # type: ignore[arg-type]
                   sampling_key=b"k" * 32)
     try:
