@@ -57,12 +57,11 @@ def build_backend(
     if kind == "hf":
         from swarmrl.node.inference.device import load_on_device
         from swarmrl.node.inference.hf import HFBackend
-        from swarmrl.node.models.base_model import read_manifest
-        from swarmrl.node.models.causal_lm import lora_config
+        from swarmrl.node.models.causal_lm import lora_config, manifest_dtype
 
         model, tokenizer = load_on_device(model_path, device, dtype=dtype, num_threads=num_threads)
         backend = HFBackend(model, tokenizer, lora_config(DEFAULT_LORA_RANK, DEFAULT_LORA_ALPHA))
-        manifest = getattr(torch, read_manifest(Path(model_path)).get("default_dtype", "float32"))
+        manifest = manifest_dtype(Path(model_path))
         backend.sampled_dtype = manifest if manifest != backend.dtype else None
         return backend
     raise ValueError(f"unknown inference backend {kind!r}; known: {BACKENDS}")

@@ -114,11 +114,10 @@ def load_on_device(
     `placement_dtype` do."""
     from transformers import AutoConfig
 
-    from swarmrl.node.models.base_model import read_manifest
-    from swarmrl.node.models.causal_lm import load_causal_lm
+    from swarmrl.node.models.causal_lm import load_causal_lm, manifest_dtype
 
     where = resolve_device(device)
-    wanted = dtype or getattr(torch, read_manifest(Path(path)).get("default_dtype", "float32"))
+    wanted = dtype or manifest_dtype(Path(path))
     model_type = str(getattr(AutoConfig.from_pretrained(path), "model_type", ""))
     model, tokenizer = load_causal_lm(path, dtype=placement_dtype(where, wanted, model_type), num_threads=num_threads)
     if where.type != "cpu":

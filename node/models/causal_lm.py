@@ -21,6 +21,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from swarmrl.node.models.base_model import read_manifest
 
 
+def manifest_dtype(path: Path) -> torch.dtype:
+    """The dtype a prepared model folder's manifest records (float32 for a plain HF folder)."""
+    return cast(torch.dtype, getattr(torch, read_manifest(Path(path)).get("default_dtype", "float32")))
+
+
 def load_causal_lm(
     path: Path, *, dtype: torch.dtype | None = None, num_threads: int | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -41,7 +46,7 @@ def load_causal_lm(
         torch.set_num_threads(num_threads)
     folder = Path(path)
     if dtype is None:
-        dtype = getattr(torch, read_manifest(folder).get("default_dtype", "float32"))
+        dtype = manifest_dtype(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     model.eval()
     model.requires_grad_(False)
